@@ -1,0 +1,30 @@
+"""The one place that touches jax internals, so a jax upgrade is fixed here only.
+
+Supported: jax >= 0.8 (checked on 0.8.0 and 0.12.x).
+"""
+from jax._src.core import ShapedArray
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+__all__ = ["Primitive", "ShapedArray", "ad", "batching", "custom_partitioning", "mlir",
+           "needs_devices_when_lowered", "spans_devices"]
+
+
+def needs_devices_when_lowered(primitive) -> None:
+    """Makes jit hand the device assignment to `primitive`'s lowering, which custom
+    partitioning needs (jit only does that for primitives it knows need it)."""
+    from jax._src import dispatch
+
+    dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def spans_devices(ctx) -> bool:
+    """Whether a lowering runs over several known devices, so custom_partitioning can act.
+    With one device, or none assigned yet (eager calls), it would fail or do nothing."""
+    from jax._src.sharding_impls import ShardingContext
+
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, ShardingContext):
+        return axis_context.num_devices > 1 and axis_context.device_assignment is not None
+    return True

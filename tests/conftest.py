@@ -1,0 +1,19 @@
+"""Test setup: 4 forced CPU devices (for sharding tests) and float64 enabled, before jax loads."""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+import pytest  # noqa: E402
+
+from helpers import new_rng  # noqa: E402
+
+
+@pytest.fixture
+def rng():
+    return new_rng()

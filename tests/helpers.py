@@ -1,0 +1,49 @@
+"""Shared test helpers: fresh random inputs, dtype-derived tolerances, HLO checks."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+FLOAT_DTYPES = [jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16]
+DTYPE_IDS = ["f32", "f64", "f16", "bf16"]
+
+
+def new_rng():
+    """A generator seeded afresh each run; the seed is printed, so pytest shows it on failure."""
+    seed = int(np.random.SeedSequence().entropy % (2**32))
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+def eps(dtype) -> float:
+    return float(jnp.finfo(dtype).eps)
+
+
+def assert_close(actual, expected, dtype, *, ulps=8):
+    """|actual - expected| <= ulps * eps(dtype) * (|expected| + max|expected|): relative for
+    large entries, scaled to the tensor's magnitude for entries near cancellation."""
+    a = np.asarray(jnp.asarray(actual, jnp.float64) if dtype != jnp.float64 else actual,
+                   np.float64)
+    e = np.asarray(expected, np.float64)
+    assert a.shape == e.shape, (a.shape, e.shape)
+    assert np.all(np.isfinite(a)), "non-finite output"
+    tol = ulps * eps(dtype) * (np.abs(e) + np.abs(e).max(initial=0.0))
+    bad = np.abs(a - e) > tol
+    assert not bad.any(), (f"{bad.sum()} of {bad.size} entries off; worst "
+                           f"{np.abs(a - e).max():.3e} vs tol {tol.max():.3e}")
+
+
+def on_cpu_devices(n=4):
+    devices = jax.devices("cpu") if jax.default_backend() == "cpu" else jax.devices()
+    if len(devices) < n:
+        pytest.skip(f"needs {n} devices, have {len(devices)}")
+    return devices[:n]
+
+
+def ort_available():
+    try:
+        import onnxruntime  # noqa: F401
+        from onnxruntime.capi import _pybind_state  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,34 @@
+"""Runs one com.microsoft (or ONNX) node in onnxruntime-training on CPU: the oracle."""
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+from onnx import helper  # noqa: E402
+
+NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
+              np.dtype(np.float64): onnx.TensorProto.DOUBLE,
+              np.dtype(np.float16): onnx.TensorProto.FLOAT16,
+              np.dtype(np.int32): onnx.TensorProto.INT32,
+              np.dtype(np.int64): onnx.TensorProto.INT64}
+
+
+def run_node(op_type, inputs, out_dtypes=None, domain="com.microsoft", opset=17, **attrs):
+    """Builds a one-node model over numpy `inputs` and runs it with the CPU provider.
+    Outputs are typed `out_dtypes` (default: one output of the first input's dtype)."""
+    out_dtypes = out_dtypes or [inputs[0].dtype]
+    names = [f"in{i}" for i in range(len(inputs))]
+    outs = [f"out{i}" for i in range(len(out_dtypes))]
+    node = helper.make_node(op_type, names, outs, domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], "oracle",
+        [helper.make_tensor_value_info(n, NP_TO_ONNX[x.dtype], x.shape)
+         for n, x in zip(names, inputs)],
+        [helper.make_tensor_value_info(o, NP_TO_ONNX[np.dtype(d)], None)
+         for o, d in zip(outs, out_dtypes)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10  # onnxruntime 1.19 refuses newer IR versions
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # ORT may write into its inputs (in-place ops): hand it copies
+    return session.run(None, {n: np.array(x, copy=True) for n, x in zip(names, inputs)})

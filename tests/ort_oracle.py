@@ -32,3 +32,11 @@ def run_node(op_type, inputs, out_dtypes=None, domain="com.microsoft", opset=17,
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     # ORT may write into its inputs (in-place ops): hand it copies
     return session.run(None, {n: np.array(x, copy=True) for n, x in zip(names, inputs)})
+
+
+# Plain onnxruntime lacks the com.microsoft training kernels: only onnxruntime-training has them.
+try:
+    run_node("SoftmaxGrad", [np.ones((1, 2), np.float32)] * 2)
+except Exception as e:  # noqa: BLE001 - any failure here means no training kernels
+    pytest.skip(f"onnxruntime {ort.__version__} without training ops ({e}); install "
+                "onnxruntime-training-cpu==1.19.2", allow_module_level=True)

@@ -229,3 +229,18 @@ def test_ort_ops_table():
     assert ops.ORT_OPS[(ms, "SoftmaxGrad_13")] is ops.softmax_grad_13
     assert ops.ORT_OPS[(ms, "LogSoftmaxGrad")] is ops.log_softmax_grad
     assert ops.ORT_OPS[(ms, "LogSoftmaxGrad_13")] is ops.log_softmax_grad_13
+
+
+# Long rows and tall columns: the CUDA kernels switch to shared-memory / cluster variants here
+LARGE = [((3, 50257), -1), ((2, 70001), -1), ((130, 8192), -1), ((300, 12000), -1),
+         ((16, 4096, 64), 1), ((4, 3000, 33), 1), ((1, 20000, 3), 1), ((2, 5, 9000), 1)]
+
+
+@pytest.mark.parametrize("name,op,through_end,log", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape,axis", LARGE)
+def test_large_shapes(rng, name, op, through_end, log, dtype, shape, axis):
+    dy, y = make_inputs(rng, shape, axis, log, dtype, through_end)
+    out = op(dy, y, axis=axis)
+    # sums over tens of thousands of terms: allow for f32 summation-order differences
+    assert_close(out, f64_reference(dy, y, axis, through_end, log), dtype, ulps=64)

@@ -10,7 +10,6 @@ diag(Y) - Y Y^T is symmetric) and `log_softmax_grad_transpose` for LogSoftmaxGra
 transpose is LogSoftmaxGrad again. So gradients of any order exist and reverse mode runs the
 kernels.
 """
-import functools
 import operator
 
 import jax

@@ -11,9 +11,8 @@ from pathlib import Path
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 # One module per op family: bench/<family>.py with `cases(quick) -> list[bench.harness.Case]`.
-FAMILIES = [
-    "softmax",
-]
+FAMILIES = sorted(p.stem for p in Path(__file__).parent.glob("*.py")
+                  if not p.stem.startswith("_") and p.stem != "harness")
 
 
 def _matches(case, patterns):

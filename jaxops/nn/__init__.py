@@ -1,4 +1,14 @@
-"""Differentiable building blocks whose gradients run jaxops kernels."""
-from jaxops.nn.softmax import log_softmax, softmax
+"""Differentiable building blocks whose gradients run jaxops kernels.
 
-__all__ = ["log_softmax", "softmax"]
+Each module holds one family and lists its public names in `__all__`; all are gathered here.
+"""
+import importlib
+import pkgutil
+
+__all__ = []
+
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    _module = importlib.import_module(f"{__name__}.{_info.name}")
+    for _name in _module.__all__:
+        globals()[_name] = getattr(_module, _name)
+        __all__.append(_name)

@@ -10,6 +10,8 @@ import jax
 
 from jaxops.ops import softmax as ops
 
+__all__ = ["log_softmax", "softmax"]
+
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def softmax(x, axis=-1):

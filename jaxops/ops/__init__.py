@@ -2,18 +2,26 @@
 
 Inputs are positional in ORT's order, attributes are keywords with ORT's names and defaults.
 `ORT_OPS` maps (domain, op_type) to the function; the ONNX importer uses it and nothing else.
+
+Each module here holds one op family and declares its public functions in `__all__` and its
+table entries in `ORT_OPS`; this package gathers both, so a new family is one new file.
 """
-from jaxops.ops.softmax import (log_softmax_grad, log_softmax_grad_13, softmax_grad,
-                                softmax_grad_13)
+import importlib
+import pkgutil
 
-MS = "com.microsoft"
+ORT_OPS = {}
+__all__ = ["ORT_OPS"]
 
-ORT_OPS = {
-    (MS, "SoftmaxGrad"): softmax_grad,
-    (MS, "SoftmaxGrad_13"): softmax_grad_13,
-    (MS, "LogSoftmaxGrad"): log_softmax_grad,
-    (MS, "LogSoftmaxGrad_13"): log_softmax_grad_13,
-}
-
-__all__ = ["ORT_OPS", "log_softmax_grad", "log_softmax_grad_13", "softmax_grad",
-           "softmax_grad_13"]
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _info.name.startswith("_"):
+        continue
+    _module = importlib.import_module(f"{__name__}.{_info.name}")
+    for _name in _module.__all__:
+        if _name in globals():
+            raise ImportError(f"jaxops.ops: {_name!r} defined twice (again in {_info.name})")
+        globals()[_name] = getattr(_module, _name)
+        __all__.append(_name)
+    for _key, _fn in getattr(_module, "ORT_OPS", {}).items():
+        if _key in ORT_OPS:
+            raise ImportError(f"jaxops.ops: ORT op {_key} defined twice (again in {_info.name})")
+        ORT_OPS[_key] = _fn

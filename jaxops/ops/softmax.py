@@ -147,3 +147,13 @@ def log_softmax_grad_13(dY, X, axis=-1):
 def log_softmax_grad_transpose(ct, X, axis=-1, through_end=False):
     """Not an ORT op: the adjoint of log_softmax_grad(_13) in dY, ct - sum(ct * exp(X))."""
     return _LOG_SOFTMAX_GRAD_TRANSPOSE(ct, X, axis=axis, through_end=through_end)
+
+
+__all__ = ["log_softmax_grad", "log_softmax_grad_13", "softmax_grad", "softmax_grad_13"]
+
+ORT_OPS = {
+    ("com.microsoft", "SoftmaxGrad"): softmax_grad,
+    ("com.microsoft", "SoftmaxGrad_13"): softmax_grad_13,
+    ("com.microsoft", "LogSoftmaxGrad"): log_softmax_grad,
+    ("com.microsoft", "LogSoftmaxGrad_13"): log_softmax_grad_13,
+}

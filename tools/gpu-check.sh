@@ -9,8 +9,10 @@
 # (the part of the output that comes back) is always printed. Environment knobs:
 #   GPU_CHECK_BUDGET  total seconds (default 530)    BENCH_ARGS  extra `python -m bench` args
 #   SKIP_TESTS=1 / SKIP_BENCH=1                       BENCH_RESERVE  seconds kept for the bench (200)
+#   PYTEST_ARGS  (default "-q --maxfail=30")
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # jax and torch share the GPU in the bench
 
 OUT="${OUT:-/tmp/jaxops-gpu-check}"
@@ -66,7 +68,8 @@ if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   if (( $# )); then TESTS=("$@"); else TESTS=(tests); fi
   T=$(clamp $(( $(left) - BENCH_RESERVE )) 30 600)
   echo "pytest ${TESTS[*]} (time box $T s)"
-  JAX_PLATFORMS=cuda timeout -k 10 "$T" python3 -m pytest -q -x --timeout=600 "${TESTS[@]}" 2>&1 \
+  # shellcheck disable=SC2086
+  JAX_PLATFORMS=cuda timeout -k 10 "$T" python3 -m pytest ${PYTEST_ARGS:--q --maxfail=30} --timeout=600 "${TESTS[@]}" 2>&1 \
     | tee "$OUT/tests.log"
   TESTS_RC=${PIPESTATUS[0]}
   [[ $TESTS_RC == 124 ]] && echo "tests: TIMED OUT after $T s"

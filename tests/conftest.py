@@ -1,9 +1,9 @@
-"""Test setup: 4 forced CPU devices (for sharding tests) and float64 enabled, before jax loads."""
+"""Test setup: 8 forced CPU devices (for sharding tests) and float64 enabled, before jax loads."""
 import os
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 

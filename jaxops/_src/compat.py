@@ -7,8 +7,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-__all__ = ["Primitive", "ShapedArray", "ad", "batching", "custom_partitioning", "mlir",
-           "needs_devices_when_lowered", "spans_devices"]
+__all__ = ["Primitive", "ShapedArray", "ad", "batching", "custom_partitioning", "mark_varying", "mlir",
+           "needs_devices_when_lowered", "spans_devices", "varying_axes"]
 
 
 def needs_devices_when_lowered(primitive) -> None:
@@ -28,3 +28,27 @@ def spans_devices(ctx) -> bool:
     if isinstance(axis_context, ShardingContext):
         return axis_context.num_devices > 1 and axis_context.device_assignment is not None
     return True
+
+
+def varying_axes(x) -> frozenset:
+    """The mesh axes a value inside shard_map varies over (its 'vma' type; jax 0.12 keeps it
+    in manual_axis_type.varying)."""
+    import jax
+
+    aval = jax.typeof(x)
+    if hasattr(aval, "manual_axis_type"):
+        return frozenset(aval.manual_axis_type.varying)
+    return frozenset(getattr(aval, "vma", ()) or ())
+
+
+def mark_varying(x, axes):
+    """Casts a value that is the same on every rank of `axes` to one typed as varying over
+    them (lax.pvary in jax 0.8, lax.pcast(to='varying') later)."""
+    from jax import lax
+
+    axes = tuple(axes)
+    if not axes:
+        return x
+    if hasattr(lax, "pcast"):
+        return lax.pcast(x, axes, to="varying")
+    return lax.pvary(x, axes)

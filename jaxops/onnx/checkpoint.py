@@ -16,8 +16,8 @@ whose root table holds, in schema field order:
                  raw_data:[uint8], string_data, external_data_offset:int64 = -1
 
 Only the fields ORT writes for inline tensors are used; a checkpoint whose tensors live in an
-external data file is refused with a clear error. Tensors are stored sorted by name, as ORT
-writes them.
+external data file is refused with a clear error. Tensors are written in the order given
+(ORT's own writer sorts them by name; readers do not depend on it).
 """
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def _offsets(b: flatbuffers.Builder, offsets: list[int]) -> int:
 
 
 def _write_tensor(b, name, array) -> int:
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array, order="C")  # (ascontiguousarray would make a scalar 1-D)
     code = helper.np_dtype_to_tensor_dtype(array.dtype)
     name_off = b.CreateString(name)
     dims = b.CreateNumpyVector(np.asarray(array.shape, np.int64))
@@ -188,7 +188,7 @@ def _write_tensor(b, name, array) -> int:
 
 
 def _write_tensors(b, tensors: dict[str, np.ndarray]) -> int:
-    return _offsets(b, [_write_tensor(b, k, np.asarray(tensors[k])) for k in sorted(tensors)])
+    return _offsets(b, [_write_tensor(b, k, np.asarray(v)) for k, v in tensors.items()])
 
 
 def serialize(ckpt: Checkpoint) -> bytes:
@@ -198,10 +198,9 @@ def serialize(ckpt: Checkpoint) -> bytes:
     module = _table(b, [("offset", trainable), ("offset", frozen),
                         ("bool", ckpt.nominal or None), ("bool", None)])
     groups = []
-    for name in sorted(ckpt.optimizer):
-        group = ckpt.optimizer[name]
+    for name, group in ckpt.optimizer.items():
         states = [_table(b, [("offset", b.CreateString(p)), ("offset", _write_tensors(b, m))])
-                  for p, m in sorted(group.states.items())]
+                  for p, m in group.states.items()]
         states_off = _offsets(b, states)
         groups.append(_table(b, [("offset", b.CreateString(name)), ("int64", int(group.step)),
                                  ("float", float(group.initial_learning_rate)),
@@ -210,8 +209,7 @@ def serialize(ckpt: Checkpoint) -> bytes:
     bag = None
     if ckpt.properties:
         kinds = {int: [], float: [], str: []}
-        for k in sorted(ckpt.properties):
-            v = ckpt.properties[k]
+        for k, v in ckpt.properties.items():
             kind = str if isinstance(v, str) else float if isinstance(v, float) else int
             if kind is int and not isinstance(v, (int, np.integer)):
                 raise TypeError(f"property {k!r} must be an int, float or str, got {type(v)}")

@@ -58,10 +58,7 @@ def _load_program(model: onnx.ModelProto):
 
 def _run(program, feeds: dict) -> dict:
     """Runs an imported program on named inputs; returns its outputs by name."""
-    outs = program(program.params, **feeds)
-    if not isinstance(outs, (tuple, list)):
-        outs = (outs,)
-    return dict(zip(program.output_names, outs))
+    return dict(zip(program.output_names, program.run(program.params, **feeds)))
 
 
 def _expose(graph: onnx.GraphProto, node: onnx.NodeProto, index: int, name: str,

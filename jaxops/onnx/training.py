@@ -1,0 +1,443 @@
+"""ORT's on-device training API (`onnxruntime.training.api`) on jax.jit.
+
+Migrating a training script is one import:
+
+    from jaxops.onnx.training import CheckpointState, Module, Optimizer, LinearLRScheduler
+
+    state = CheckpointState.load_checkpoint("artifacts/checkpoint")
+    module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+    optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+    for x, y in data:
+        loss = module(x, y)          # forward + backward, gradients accumulated
+        optimizer.step()
+        module.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, "artifacts/checkpoint_out")
+
+The artifacts are those `onnxruntime.training.artifacts.generate_artifacts` writes. ORT runs
+them with in-place updates: InPlaceAccumulatorV2 adds each gradient into a buffer that is not
+a graph output, AdamWOptimizer/SGDOptimizerV2 overwrite the weights and moments they are fed.
+Here those updates are returned values instead: the graphs are rewritten to expose the
+updated buffers as outputs, and each train step and each optimizer step is one jit-compiled
+function whose old buffers are donated, so the update happens in place on the device.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+from onnx import helper
+
+from jaxops.onnx import checkpoint as ckpt_format
+
+_BUFFER_SUFFIX = "_grad.accumulation.buffer"
+_RESET_INPUT = "lazy_reset_grad"
+_GROUP = "group0"  # ORT's artifacts have one optimizer group
+
+# Optimizer ops: the outputs ORT leaves implicit (in-place) after the flag.
+_OPTIMIZER_OUTPUTS = {
+    "AdamWOptimizer": ("updated_weights", "updated_first_order_moments",
+                       "updated_second_order_moments"),
+    "SGDOptimizerV2": ("updated_weights",),
+}
+_MOMENT_INPUTS = ("first_order_moments", "second_order_moments")
+
+
+def _model(uri) -> onnx.ModelProto:
+    return uri if isinstance(uri, onnx.ModelProto) else onnx.load(os.fspath(uri))
+
+
+def _load_program(model: onnx.ModelProto):
+    from jaxops.onnx import load  # the importer; imported late to keep this module light
+    return load(model)
+
+
+def _run(program, feeds: dict) -> dict:
+    """Runs an imported program on named inputs; returns its outputs by name."""
+    return dict(zip(program.output_names, program.run(program.params, **feeds)))
+
+
+def _expose(graph: onnx.GraphProto, node: onnx.NodeProto, index: int, name: str,
+            value_type: onnx.TypeProto) -> None:
+    """Names output `index` of `node` (adding empty slots before it) and makes it a graph output."""
+    while len(node.output) <= index:
+        node.output.append("")
+    node.output[index] = name
+    info = onnx.ValueInfoProto(name=name)
+    info.type.CopyFrom(value_type)
+    graph.output.append(info)
+
+
+def _types(graph):
+    return {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+
+
+def _expose_accumulators(model: onnx.ModelProto) -> dict[str, str]:
+    """Gives every InPlaceAccumulatorV2 its updated-buffer output; returns buffer -> output."""
+    graph, types, updated = model.graph, _types(model.graph), {}
+    for node in graph.node:
+        if node.op_type == "InPlaceAccumulatorV2" and node.domain == "com.microsoft":
+            buffer = node.input[0]
+            out = f"{buffer}.updated"
+            _expose(graph, node, 1, out, types[buffer])
+            updated[buffer] = out
+    return updated
+
+
+def _expose_optimizer(model: onnx.ModelProto) -> tuple[onnx.NodeProto, dict[str, str]]:
+    """Exposes the optimizer node's in-place results; returns the node and input -> output."""
+    nodes = [n for n in model.graph.node if n.op_type in _OPTIMIZER_OUTPUTS]
+    if len(nodes) != 1:
+        raise ValueError(f"expected one optimizer node ({', '.join(_OPTIMIZER_OUTPUTS)}) in the "
+                         f"optimizer model, found {len(nodes)}")
+    (node,) = nodes
+    types = _types(model.graph)
+    updated = {}
+    # updated_weights follows params (input 2); moments follow inputs 4 and 5
+    for i, _ in enumerate(_OPTIMIZER_OUTPUTS[node.op_type]):
+        source = node.input[2 if i == 0 else 3 + i]
+        name = f"{source}.updated"
+        _expose(model.graph, node, 1 + i, name, types[source])
+        updated[source] = name
+    return node, updated
+
+
+class Parameter:
+    """One parameter of a CheckpointState (ORT's `Parameter`)."""
+
+    def __init__(self, state: CheckpointState, name: str):
+        self._state, self.name = state, name
+
+    @property
+    def data(self) -> np.ndarray:
+        return np.asarray(self._state._params[self.name])
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.name in self._state._trainable
+
+    @property
+    def grad(self) -> np.ndarray | None:
+        g = self._state._grads.get(self.name)
+        return None if g is None else np.asarray(g)
+
+    def copy_from(self, data) -> None:
+        old = self._state._params[self.name]
+        data = np.asarray(data)
+        if data.shape != old.shape or data.dtype != old.dtype:
+            raise ValueError(f"parameter {self.name!r} is {old.dtype}{list(old.shape)}, "
+                             f"got {data.dtype}{list(data.shape)}")
+        self._state._params[self.name] = jnp.asarray(data)
+
+    def __repr__(self):
+        return f"Parameter({self.name!r}, requires_grad={self.requires_grad})"
+
+
+class _Parameters(MutableMapping):
+    def __init__(self, state):
+        self._state = state
+
+    def __getitem__(self, name):
+        if name not in self._state._params:
+            raise KeyError(name)
+        return Parameter(self._state, name)
+
+    def __setitem__(self, name, value):
+        self[name].copy_from(value)
+
+    def __delitem__(self, name):
+        raise TypeError("parameters cannot be removed from a checkpoint state")
+
+    def __iter__(self):
+        return iter(self._state._params)
+
+    def __len__(self):
+        return len(self._state._params)
+
+
+class _Properties(MutableMapping):
+    def __init__(self, state):
+        self._props = state._properties
+
+    def __getitem__(self, name):
+        return self._props[name]
+
+    def __setitem__(self, name, value):
+        if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+            raise TypeError(f"property {name!r} must be an int, float or str, got {type(value).__name__}")
+        self._props[name] = value
+
+    def __delitem__(self, name):
+        del self._props[name]
+
+    def __iter__(self):
+        return iter(self._props)
+
+    def __len__(self):
+        return len(self._props)
+
+
+class CheckpointState:
+    """Parameters, gradients, optimizer state and properties, shared by Module and Optimizer."""
+
+    def __init__(self, checkpoint: ckpt_format.Checkpoint):
+        self._trainable = list(checkpoint.trainable)
+        self._params = {k: jnp.asarray(v) for k, v in {**checkpoint.trainable,
+                                                       **checkpoint.frozen}.items()}
+        self._grads: dict[str, jax.Array] = {}
+        group = checkpoint.optimizer.get(_GROUP, ckpt_format.OptimizerGroup())
+        self._step = int(group.step)
+        self._initial_lr = float(group.initial_learning_rate)
+        self._moments = {p: {k: jnp.asarray(v) for k, v in m.items()}
+                         for p, m in group.states.items()}
+        self._properties = dict(checkpoint.properties)
+
+    @staticmethod
+    def load_checkpoint(path: str | os.PathLike) -> CheckpointState:
+        return CheckpointState(ckpt_format.load(path))
+
+    @staticmethod
+    def save_checkpoint(state: CheckpointState, path: str | os.PathLike,
+                        include_optimizer_state: bool = False) -> None:
+        ckpt_format.save(state._to_checkpoint(include_optimizer_state), path)
+
+    @property
+    def parameters(self) -> _Parameters:
+        return _Parameters(self)
+
+    @property
+    def properties(self) -> _Properties:
+        return _Properties(self)
+
+    def _to_checkpoint(self, include_optimizer_state):
+        host = {k: np.asarray(v) for k, v in self._params.items()}
+        out = ckpt_format.Checkpoint(
+            trainable={k: host[k] for k in self._trainable},
+            frozen={k: v for k, v in host.items() if k not in self._trainable},
+            properties=dict(self._properties))
+        if include_optimizer_state and self._moments:
+            out.optimizer[_GROUP] = ckpt_format.OptimizerGroup(
+                self._step, self._initial_lr,
+                {p: {k: np.asarray(v) for k, v in m.items()} for p, m in self._moments.items()})
+        return out
+
+
+def _device(device):
+    if device is None or isinstance(device, jax.Device):
+        return device
+    kind = str(device).split(":")[0].lower()
+    platform = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu"}.get(kind)
+    if platform is None:
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or a jax.Device")
+    index = int(str(device).split(":")[1]) if ":" in str(device) else 0
+    return jax.devices(platform)[index]
+
+
+class Module:
+    """A training model (and optionally its eval model) bound to a CheckpointState."""
+
+    def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
+                 device: str | jax.Device | None = "cpu"):
+        self._state = state
+        self._device = _device(device)
+        if self._device is not None:
+            state._params = jax.device_put(state._params, self._device)
+        model = _model(train_model_uri)
+        self._updated = _expose_accumulators(model)
+        self._train = _load_program(model)
+        graph_inputs = [i.name for i in model.graph.input]
+        self._buffers = {b[:-len(_BUFFER_SUFFIX)]: b for b in graph_inputs if b in self._updated}
+        self._param_names = [n for n in graph_inputs if n in state._params]
+        missing = [p for p in self._buffers if p not in state._params]
+        if missing:
+            raise ValueError(f"the training model accumulates gradients of {missing}, "
+                             "which the checkpoint does not hold")
+        known = set(self._param_names) | set(self._buffers.values()) | {_RESET_INPUT}
+        self._train_inputs = [n for n in graph_inputs if n not in known]
+        self._loss_outputs = [o for o in self._train.output_names
+                              if o not in self._updated.values()
+                              and not o.endswith("_grad.accumulation.out")]
+        for p in self._buffers:
+            if p not in state._grads:
+                state._grads[p] = jnp.zeros_like(state._params[p])
+        self._eval = None
+        if eval_model_uri is not None:
+            emodel = _model(eval_model_uri)
+            self._eval = _load_program(emodel)
+            self._eval_inputs = [i.name for i in emodel.graph.input if i.name not in state._params]
+        self._reset = False  # gradients are zero already: accumulating into them is the same
+        self._training = True
+        self._train_step = jax.jit(self._train_fn, donate_argnums=(1,))
+        self._eval_step = jax.jit(self._eval_fn)
+
+    # --- the jitted steps
+    def _train_fn(self, params, grads, reset, inputs):
+        feeds = dict(zip(self._train_inputs, inputs))
+        feeds.update({n: params[n] for n in self._param_names})
+        feeds.update({self._buffers[p]: g for p, g in grads.items()})
+        feeds[_RESET_INPUT] = jnp.reshape(reset, (1,))
+        out = _run(self._train, feeds)
+        new_grads = {p: out[self._updated[b]] for p, b in self._buffers.items()}
+        return [out[o] for o in self._loss_outputs], new_grads
+
+    def _eval_fn(self, params, inputs):
+        feeds = dict(zip(self._eval_inputs, inputs))
+        feeds.update({n: params[n] for n in self._eval.input_names if n in params})
+        out = _run(self._eval, feeds)
+        return [out[o] for o in self._eval.output_names]
+
+    def __call__(self, *user_inputs):
+        """One step: in train mode forward + backward (gradients accumulate); in eval mode the
+        eval model. Returns the model's user outputs (the loss for ORT's artifacts)."""
+        expected = self._train_inputs if self._training else self._eval_inputs
+        if len(user_inputs) != len(expected):
+            raise TypeError(f"expected {len(expected)} inputs {expected}, got {len(user_inputs)}")
+        inputs = [jnp.asarray(x) for x in user_inputs]
+        if self._device is not None:
+            inputs = jax.device_put(inputs, self._device)
+        if self._training:
+            outs, self._state._grads = self._train_step(self._state._params, self._state._grads,
+                                                        np.bool_(self._reset), inputs)
+            self._reset = False
+        else:
+            if self._eval is None:
+                raise RuntimeError("this Module has no eval model")
+            outs = self._eval_step(self._state._params, inputs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def train(self, mode: bool = True) -> Module:
+        self._training = mode
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def lazy_reset_grad(self) -> None:
+        """The next train step overwrites the gradients instead of adding to them."""
+        self._reset = True
+
+    def input_names(self) -> list[str]:
+        return list(self._train_inputs if self._training else self._eval_inputs)
+
+    def output_names(self) -> list[str]:
+        return list(self._loss_outputs if self._training else self._eval.output_names)
+
+    def _names(self, trainable_only):
+        return [n for n in self._param_names if not trainable_only or n in self._buffers]
+
+    def get_parameters_size(self, trainable_only: bool = True) -> int:
+        return sum(int(self._state._params[n].size) for n in self._names(trainable_only))
+
+    def get_contiguous_parameters(self, trainable_only: bool = False) -> jax.Array:
+        """All parameters (training-model input order) as one flat array."""
+        return jnp.concatenate([self._state._params[n].ravel() for n in self._names(trainable_only)])
+
+    def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
+        buffer = jnp.asarray(buffer)
+        names = self._names(trainable_only)
+        if buffer.ndim != 1 or buffer.size != self.get_parameters_size(trainable_only):
+            raise ValueError(f"buffer must be 1-D with {self.get_parameters_size(trainable_only)} "
+                             f"elements, got shape {buffer.shape}")
+        offset = 0
+        for n in names:
+            p = self._state._params[n]
+            self._state._params[n] = buffer[offset:offset + p.size].reshape(p.shape).astype(p.dtype)
+            offset += p.size
+
+
+class Optimizer:
+    """The optimizer model (AdamWOptimizer or SGDOptimizerV2) over a Module's parameters."""
+
+    def __init__(self, optimizer_uri, module: Module):
+        self._module, self._state = module, module._state
+        model = _model(optimizer_uri)
+        node, self._updated = _expose_optimizer(model)
+        self._op = node.op_type
+        self._inputs = list(node.input)
+        self._program = _load_program(model)
+        self._names = list(module._buffers)  # trainable params, training-model order
+        state = self._state
+        if state._initial_lr == 0.0:
+            state._initial_lr = 1e-3  # ORT's default when the checkpoint has none
+        self._lr = state._initial_lr
+        if self._op == "AdamWOptimizer":
+            for p in self._names:
+                m = state._moments.setdefault(p, {})
+                for k in ("momentum0", "momentum1"):
+                    m.setdefault(k, jnp.zeros_like(state._params[p]))
+        self._step_fn = jax.jit(self._fn, donate_argnums=(0, 1))
+
+    def _fn(self, params, moments, grads, lr, step):
+        names = self._names
+        feeds = {self._inputs[0]: lr, self._inputs[1]: step,
+                 self._inputs[2]: [params[n] for n in names],
+                 self._inputs[3]: [grads[n] for n in names]}
+        for i, key in enumerate(("momentum0", "momentum1")[:len(self._inputs) - 4]):
+            feeds[self._inputs[4 + i]] = [moments[n][key] for n in names]
+        out = _run(self._program, feeds)
+        new_params = dict(params)
+        new_params.update(zip(names, out[self._updated[self._inputs[2]]]))
+        new_moments = {n: dict(m) for n, m in moments.items()}
+        for i, key in enumerate(("momentum0", "momentum1")[:len(self._inputs) - 4]):
+            for n, v in zip(names, out[self._updated[self._inputs[4 + i]]]):
+                new_moments[n][key] = v
+        return new_params, new_moments
+
+    def step(self) -> None:
+        """One update of every trainable parameter from its accumulated gradient."""
+        state = self._state
+        state._step += 1  # ORT's AdamW step input is 1-based; the op does not increment it
+        lr = np.float32(self._lr)
+        step = np.asarray([state._step], np.int64)
+        params = {n: state._params[n] for n in self._names}
+        frozen = {n: v for n, v in state._params.items() if n not in params}
+        new_params, state._moments = self._step_fn(params, state._moments, state._grads, lr, step)
+        state._params = {**frozen, **new_params}
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self._lr = float(learning_rate)
+
+    def get_learning_rate(self) -> float:
+        return self._lr
+
+
+class LinearLRScheduler:
+    """Linear warm-up from 0 to `initial_lr`, then linear decay to 0, driven by the
+    optimizer's step count: factor = step / warmup while step < warmup, else
+    max(0, (total - step) / (total - warmup)).
+
+    ORT 1.19.2's Python LinearLRScheduler swaps its two counts on the way to C++: measured with
+    (warmup_step_count=4, total_step_count=6, initial_lr=1) it gives 0, 1/6, 2/6, ... 5/6, 0
+    (a 6-step warm-up, then 0). `ort_order=True` (the default, so migrated scripts train
+    exactly as they did) reproduces that; `ort_order=False` gives the documented schedule.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int,
+                 initial_lr: float, *, ort_order: bool = True):
+        if ort_order:
+            warmup_step_count, total_step_count = total_step_count, warmup_step_count
+        if warmup_step_count < 0 or total_step_count < 0:
+            raise ValueError("step counts must be >= 0")
+        self._optimizer = optimizer
+        self._warmup, self._total, self._initial = warmup_step_count, total_step_count, initial_lr
+        self.step()
+
+    def _factor(self, step):
+        if step < self._warmup:
+            return step / max(1, self._warmup)
+        return max(0.0, (self._total - step) / max(1, self._total - self._warmup))
+
+    def step(self) -> None:
+        """Sets the learning rate for the optimizer's next step."""
+        self._optimizer.set_learning_rate(self._initial * self._factor(self._optimizer._state._step))
+
+
+__all__ = ["CheckpointState", "LinearLRScheduler", "Module", "Optimizer", "Parameter"]

@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import FLOAT_DTYPES, assert_close, on_cpu_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
-from helpers import FLOAT_DTYPES, assert_close, on_cpu_devices
 from jaxops import ops
 
 

@@ -70,13 +70,13 @@ def test_gradients_accumulate_until_reset():
     module.lazy_reset_grad()
     module(xs[1], ys[1])
     g1 = {k: state.parameters[k].grad for k in state.parameters}
-    for k in g0:
+    for k, first in g0.items():
         assert np.abs(g1[k]).max() > 0
-        np.testing.assert_allclose(g01[k], g0[k] + g1[k], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(g01[k], first + g1[k], rtol=1e-5, atol=1e-7)
 
 
 def test_contiguous_parameters_round_trip():
-    state, module, _ = _session("cnn")
+    _, module, _ = _session("cnn")
     flat = module.get_contiguous_parameters(trainable_only=True)
     assert flat.ndim == 1 and flat.size == module.get_parameters_size(True)
     assert flat.size == sum(v.size for v in C.load(DATA / "cnn" / "checkpoint").trainable.values())
@@ -87,7 +87,7 @@ def test_contiguous_parameters_round_trip():
 
 
 def test_bad_calls():
-    xs, ys = _data("mlp")
+    xs, _ = _data("mlp")
     state, module, _ = _session("mlp")
     with pytest.raises(TypeError, match="expected 2 inputs"):
         module(xs[0])

@@ -141,7 +141,7 @@ def parse(data: bytes) -> Checkpoint:
         return ckpt
     except CheckpointError:
         raise
-    except Exception as e:  # a truncated or corrupt buffer: flatbuffers reads out of range
+    except Exception as e:  # noqa: BLE001 - a corrupt buffer fails inside flatbuffers in many ways
         raise CheckpointError(f"corrupt checkpoint: {type(e).__name__}: {e}") from None
 
 

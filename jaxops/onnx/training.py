@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
-from onnx import helper
 
 from jaxops.onnx import checkpoint as ckpt_format
 
@@ -52,7 +50,9 @@ def _model(uri) -> onnx.ModelProto:
 
 
 def _load_program(model: onnx.ModelProto):
-    from jaxops.onnx import load  # the importer; imported late to keep this module light
+    from jaxops.onnx import (
+        load,  # the importer; imported late to keep this module light
+    )
     return load(model)
 
 

@@ -13,7 +13,7 @@ named by a model: a function runs only if the caller registered it under that na
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 from jax import lax

@@ -29,6 +29,11 @@ def _domain(domain: str) -> str:
     return "" if domain in _DEFAULT_DOMAINS else domain
 
 
+def is_trainable(dtype) -> bool:
+    """Float (incl. bfloat16, float8) and complex dtypes: what becomes a param."""
+    return bool(jax.numpy.issubdtype(np.dtype(dtype), jax.numpy.inexact))
+
+
 def node_label(node) -> str:
     name = f"{node.name!r} " if node.name else ""
     dom = f"{node.domain}." if _domain(node.domain) else ""
@@ -341,7 +346,7 @@ class Program:
             value = tensor_to_numpy(t, where)
             # float initializers of the main graph are what one trains: params; the rest
             # (integers, bools, strings, subgraph constants) stay static numpy
-            if top and value.dtype.kind in "fc" or top and value.dtype.name == "bfloat16":
+            if top and is_trainable(value.dtype):
                 params[t.name] = value
             else:
                 constants[t.name] = value

@@ -43,22 +43,31 @@ XFAILS = read_xfails()
 RESULTS = {"pass": [], "fail": {}, "skip": []}
 
 
+class _Summary:
+    """A plugin registered while this module runs: prints the pass count in pytest's summary
+    and writes the failures where JAXOPS_ONNX_XFAIL_WRITE asks."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        passed, failed = len(RESULTS["pass"]), len(RESULTS["fail"])
+        ran = passed + failed
+        if not ran:
+            return
+        terminalreporter.write_line(
+            f"ONNX node suite (onnx {onnx.__version__}): {passed} of {ran} cases pass "
+            f"({100 * passed / ran:.1f}%), {failed} fail, {len(RESULTS['skip'])} skipped; "
+            f"{len(NAMES)} node cases on CPU")
+        path = os.environ.get("JAXOPS_ONNX_XFAIL_WRITE")
+        if path:
+            Path(path).write_text("".join(f"{n}  # {r}\n"
+                                          for n, r in sorted(RESULTS["fail"].items())))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def summary(request):
+    name = "jaxops-onnx-node-summary"
+    if request.config.pluginmanager.get_plugin(name) is None:
+        request.config.pluginmanager.register(_Summary(), name)
     yield
-    passed, failed = len(RESULTS["pass"]), len(RESULTS["fail"])
-    ran = passed + failed
-    line = (f"ONNX node suite: {passed} of {ran} cases pass ({100 * passed / max(ran, 1):.1f}%), "
-            f"{failed} fail, {len(RESULTS['skip'])} skipped; {len(NAMES)} node cases on CPU")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("")
-        reporter.write_line(line)
-    else:
-        print(line)
-    path = os.environ.get("JAXOPS_ONNX_XFAIL_WRITE")
-    if path:
-        Path(path).write_text("".join(f"{n}  # {r}\n" for n, r in sorted(RESULTS["fail"].items())))
 
 
 def test_xfail_list_names_real_cases():

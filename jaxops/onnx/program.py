@@ -23,6 +23,7 @@ from jaxops.onnx.errors import OnnxImportError
 _A = onnx.AttributeProto
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _PYTHON_OPS = ("PythonOp", "PythonOpGrad")
+_UPDATES = object()  # the env key (never an ONNX name) of the in-place updates of one call
 
 
 def _domain(domain: str) -> str:
@@ -200,6 +201,14 @@ class NodeContext:
             return all(self.is_static(v) for v in x)
         return not isinstance(x, jax.core.Tracer)
 
+    def update(self, i: int, value) -> None:
+        """Declares that this node updates its input `i` in place (ORT's optimizers and
+        gradient accumulators do); `Program.run_with_updates` returns the new value under the
+        input's name."""
+        updates = self._env.get(_UPDATES)
+        if updates is not None and i < len(self._step.inputs) and self._step.inputs[i]:
+            updates[self._step.inputs[i]] = value
+
     def run_graph(self, graph, *inputs):
         """Runs a subgraph (an attribute of this node) on `inputs`, with the values of the
         enclosing graphs in scope; returns the list of its outputs."""
@@ -256,6 +265,13 @@ class Program:
 
     def run(self, params, *args, **kwargs) -> list:
         """Like calling the program, but always returns the list of outputs."""
+        return self.run_with_updates(params, *args, **kwargs)[0]
+
+    def run_with_updates(self, params, *args, **kwargs) -> tuple[list, dict]:
+        """(outputs, updates): `updates` maps the name of each value that a node updates in
+        place (in ORT training graphs: the gradient accumulation buffers, the optimizer's
+        params and moments, which are graph inputs) to its new value. Functional code feeds
+        them back in as the next call's inputs."""
         names = self.input_names
         if len(args) > len(names):
             raise OnnxImportError(f"the model takes {len(names)} inputs {names}, got {len(args)}")
@@ -277,13 +293,17 @@ class Program:
         absent = set(self._main.params) - set(params)
         if absent:
             raise OnnxImportError(f"params lacks initializer(s) {sorted(absent)}")
-        return self._run(self._main, [given[n] for n in names], params, None)
+        updates = {}
+        outputs = self._run(self._main, [given[n] for n in names], params, None, updates)
+        return outputs, updates
 
-    def _run(self, plan: _Plan, inputs, params, outer):
+    def _run(self, plan: _Plan, inputs, params, outer, updates=None):
         if len(inputs) > len(plan.input_names):
             raise OnnxImportError(f"graph {plan.graph.name!r} takes {len(plan.input_names)} "
                                   f"inputs, got {len(inputs)}")
         env = collections.ChainMap({}, outer) if outer is not None else {}
+        if updates is not None:
+            env[_UPDATES] = updates
         env.update(plan.constants)
         env.update(params)
         env.update(zip(plan.input_names, inputs))

@@ -161,7 +161,7 @@ def _type_of(x) -> onnx.TypeProto:
         if x:
             t.sequence_type.elem_type.CopyFrom(_type_of(x[0]))
         return t
-    dtype = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+    dtype = np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
     try:
         elem = helper.np_dtype_to_tensor_dtype(dtype)
     except Exception:  # noqa: BLE001

@@ -229,8 +229,6 @@ class Program:
         self.opsets = {}
         for o in model.opset_import:
             self.opsets[_domain(o.domain)] = int(o.version)
-        if "" not in self.opsets:
-            raise OnnxImportError("the model imports no ai.onnx opset (opset_import is empty)")
         self.functions = {(_domain(f.domain), f.name): f for f in model.functions}
         self.python_ops = dict(python_ops or {})
         self._plans: dict[int, _Plan] = {}
@@ -334,19 +332,22 @@ class Program:
 
     # -- loading ---------------------------------------------------------------------------
 
-    def _plan(self, graph, outer: frozenset, opsets: dict, top: bool = False) -> _Plan:
+    def _plan(self, graph, outer: frozenset, opsets: dict, top: bool = False,
+              function: bool = False) -> _Plan:
         plan = self._plans.get(id(graph))
         if plan is None:
-            plan = self._check_graph(graph, top, outer, opsets)
+            plan = self._check_graph(graph, top, outer, opsets, function)
             # the plan holds the proto, so its id stays unique while the entry lives
             self._plans[id(graph)] = plan
         return plan
 
-    def plan_late(self, graph, outer: frozenset, opsets: dict, label: str) -> _Plan:
-        """Checks a graph met only while running (a function body, a handler's own graph)."""
+    def plan_late(self, graph, outer: frozenset, opsets: dict, label: str,
+                  function: bool = False) -> _Plan:
+        """Checks a graph met only while running (a function body, a handler's own graph).
+        A function's outputs that its body does not compute (unused optional ones) are None."""
         before = len(self._missing), len(self._refused)
         try:
-            plan = self._plan(graph, outer, opsets)
+            plan = self._plan(graph, outer, opsets, function=function)
         except OnnxImportError as e:
             raise OnnxImportError(f"{label}: {e}") from None
         except RecursionError:
@@ -357,7 +358,8 @@ class Program:
             raise OnnxImportError(f"{label}: its expansion needs what is unsupported: {problems}")
         return plan
 
-    def _check_graph(self, graph, top: bool, outer: frozenset, opsets: dict) -> _Plan:
+    def _check_graph(self, graph, top: bool, outer: frozenset, opsets: dict,
+                     function: bool = False) -> _Plan:
         where = "the model's graph" if top else f"subgraph {graph.name!r}"
         constants, params = {}, {}
         for t in graph.initializer:
@@ -388,7 +390,9 @@ class Program:
         produced = defined | {o for s in steps for o in s.outputs if o} | outer
         for vi in graph.output:
             if vi.name not in produced:
-                raise OnnxImportError(f"{where}: output {vi.name!r} is computed by no node")
+                if not function:
+                    raise OnnxImportError(f"{where}: output {vi.name!r} is computed by no node")
+                constants[vi.name] = None
             output_names.append(vi.name)
         return _Plan(graph, steps, constants, params, input_names, output_names)
 

@@ -78,6 +78,9 @@ def _schema_function(domain: str, op_type: str, version: int) -> Callable | None
     context = [v for v in schema.context_dependent_function_opset_versions if v <= version]
     if not plain and not context:
         return None
+    # attributes the caller leaves out take the schema's defaults inside the body too
+    defaults = {name: a.default_value for name, a in schema.attributes.items()
+                if a.default_value.type != _A.UNDEFINED}
 
     def run(ctx, *inputs, **attrs):
         node_bytes = ctx.node.SerializeToString()
@@ -94,9 +97,11 @@ def _schema_function(domain: str, op_type: str, version: int) -> Callable | None
         f.ParseFromString(body)
         if not f.node:
             raise ctx.error("the ONNX schema gives no function body for these inputs")
-        opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
-                  for o in f.opset_import}
-        return _run_function(ctx, f, {}, opsets, inputs, key=key)
+        # a body that leaves out its opsets uses the caller's
+        opsets = dict(ctx._step.opsets)
+        opsets.update({("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+                       for o in f.opset_import})
+        return _run_function(ctx, f, defaults, opsets, inputs, key=key)
     return run
 
 
@@ -110,7 +115,7 @@ def _run_function(ctx, f, defaults, opsets, inputs, key):
             nodes, f"{f.name}_expanded",
             [helper.make_empty_tensor_value_info(n) for n in f.input],
             [helper.make_empty_tensor_value_info(n) for n in f.output])
-        plan = program.plan_late(graph, frozenset(), opsets, step.label)
+        plan = program.plan_late(graph, frozenset(), opsets, step.label, function=True)
         program.expansions[key] = plan
     inputs = list(inputs) + [None] * (len(f.input) - len(inputs))
     outs = program._run(plan, inputs, {}, None)

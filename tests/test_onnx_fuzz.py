@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-MUTANTS = 160
+MUTANTS = 300
 PER_MODEL_S = 20  # a load or a run longer than this is a hang
 OPS = ["Add", "Mul", "MatMul", "Relu", "Reshape", "Shape", "Gather", "Concat", "Identity",
        "Transpose", "Softmax", "ReduceSum", "Cast", "If", "Loop", "Scan", "SequenceConstruct",

@@ -361,6 +361,8 @@ class Program:
     def _check_graph(self, graph, top: bool, outer: frozenset, opsets: dict,
                      function: bool = False) -> _Plan:
         where = "the model's graph" if top else f"subgraph {graph.name!r}"
+        _check_text(where, graph.name, *(t.name for t in graph.initializer),
+                    *(vi.name for vi in graph.input), *(vi.name for vi in graph.output))
         constants, params = {}, {}
         for t in graph.initializer:
             if not t.name:
@@ -445,6 +447,7 @@ class Program:
         return [self._step(nodes[i], where, scope, opsets) for i in order]
 
     def _step(self, node, where, scope, opsets) -> _Step:
+        _check_text(where, node.op_type, node.domain, node.name, *node.input, *node.output)
         label = f"{where}, {node_label(node)}"
         attrs = {}
         for a in node.attribute:
@@ -480,6 +483,13 @@ class Program:
             self._missing.add((domain, node.op_type, version))
             return _unavailable
         return fn
+
+
+def _check_text(where, *values):
+    """Names and op types must be text (protobuf hands back bytes for invalid UTF-8)."""
+    for v in values:
+        if not isinstance(v, str):
+            raise OnnxImportError(f"{where}: {v!r} is not valid UTF-8 text")
 
 
 def _unavailable(ctx, *args, **kwargs):

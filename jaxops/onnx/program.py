@@ -224,13 +224,14 @@ class Program:
     one output is returned as is, several as a tuple in the graph's order. Pure: usable under
     `jax.jit`, `jax.grad` (w.r.t. params and float inputs) and `jax.vmap`."""
 
-    def __init__(self, model, *, python_ops: dict[str, Callable] | None = None):
+    def __init__(self, model, *, python_ops: dict[str, Callable] | None = None, constants=()):
         self.model = model
         self.opsets = {}
         for o in model.opset_import:
             self.opsets[_domain(o.domain)] = int(o.version)
         self.functions = {(_domain(f.domain), f.name): f for f in model.functions}
         self.python_ops = dict(python_ops or {})
+        self._static_names = set(constants)
         self._plans: dict[int, _Plan] = {}
         self.expansions: dict[tuple, _Plan] = {}  # function bodies, expanded when first run
         self._missing: set[tuple[str, str, int]] = set()
@@ -370,7 +371,7 @@ class Program:
             value = tensor_to_numpy(t, where)
             # float initializers of the main graph are what one trains: params; the rest
             # (integers, bools, strings, subgraph constants) stay static numpy
-            if top and is_trainable(value.dtype):
+            if top and is_trainable(value.dtype) and t.name not in self._static_names:
                 params[t.name] = value
             else:
                 constants[t.name] = value
@@ -482,6 +483,10 @@ class Program:
         if fn is None:
             self._missing.add((domain, node.op_type, version))
             return _unavailable
+        body = resolve.function_body(node, version, self, opsets)
+        if body is not None:  # an expanded op: its body's ops must be there too
+            graph, body_opsets = body
+            self._plan(graph, frozenset(), body_opsets, function=True)
         return fn
 
 

@@ -154,25 +154,44 @@ def clip_11(ctx, x, lo=None, hi=None):
     return x
 
 
-def _small_float_cast(x, to, saturate):
-    """ONNX saturation for 8/4-bit floats: finite values beyond the range clamp to +-max;
-    infinities clamp too except for E5M2, which has them."""
+def _small_float_cast(x, to, saturate, round_mode):
+    """ONNX saturation for 8/4-bit floats: values beyond the range (infinities included)
+    clamp to +-max. E8M0 (powers of two) rounds by `round_mode`."""
     m = xp(x)
+    if to == np.dtype(jnp.float8_e8m0fnu) and is_float(x.dtype):
+        lg = m.log2(m.abs(x.astype(np.float32)))
+        e = {"up": m.ceil, "down": m.floor, "nearest": m.round}[round_mode](lg)
+        if saturate:
+            e = m.clip(e, -127, 127)
+        return m.where(m.isnan(x), np.nan, m.exp2(e)).astype(to)
     if saturate and is_float(x.dtype):
         big = np.asarray(float(jnp.finfo(to).max), x.dtype)
-        if to == np.dtype(jnp.float8_e5m2):
-            x = m.where(m.isinf(x), x, m.clip(x, -big, big))
-        else:
-            x = m.clip(x, -big, big)
+        x = m.clip(x, -big, big)
     return x.astype(to)
 
 
-def cast_to(x, to, saturate=1):
+_SMALL_INTS = {np.dtype(jnp.int4): (4, True), np.dtype(jnp.uint4): (4, False),
+               np.dtype(jnp.int2): (2, True), np.dtype(jnp.uint2): (2, False)}
+
+
+def _small_int_cast(x, to):
+    """4/2-bit integers wrap around, like a C cast to a narrower integer."""
+    bits, signed = _SMALL_INTS[to]
+    m = xp(x)
+    v = x.astype(np.int64) % (1 << bits)
+    if signed:
+        v = m.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
+    return v.astype(to)
+
+
+def cast_to(x, to, saturate=1, round_mode="up"):
     to = np.dtype(to)
     if x.dtype == to:
         return x
+    if to in _SMALL_INTS and x.dtype not in _SMALL_INTS:
+        return _small_int_cast(x, to)
     if is_float(to) and to.itemsize == 1 or to == np.dtype(jnp.float4_e2m1fn):
-        return _small_float_cast(x, to, saturate)
+        return _small_float_cast(x, to, saturate, round_mode)
     if to == np.bool_:
         return x != 0
     return x.astype(to)
@@ -182,9 +201,9 @@ def cast_to(x, to, saturate=1):
 def cast(ctx, x, *, to, saturate=1, round_mode="up"):
     if isinstance(to, str):  # opset 1 names the type as a string
         to = getattr(__import__("onnx").TensorProto, to.upper())
-    return cast_to(x, np_dtype(to), saturate)
+    return cast_to(x, np_dtype(to), saturate, round_mode)
 
 
 @handler("CastLike", since=15)
 def cast_like(ctx, x, like, *, saturate=1, round_mode="up"):
-    return cast_to(x, like.dtype, saturate)
+    return cast_to(x, like.dtype, saturate, round_mode)

@@ -311,11 +311,12 @@ def depth_to_space(ctx, x, *, blocksize, mode="DCR"):
 
 
 @handler("SpaceToDepth", since=1)
-def space_to_depth(ctx, x, *, blocksize):
+def space_to_depth(ctx, x, *, blocksize, mode="DCR"):
     n, c, h, w = x.shape
     b = blocksize
     m = xp(x)
-    y = m.reshape(x, (n, c, h // b, b, w // b, b)).transpose(0, 3, 5, 1, 2, 4)
+    y = m.reshape(x, (n, c, h // b, b, w // b, b))
+    y = y.transpose(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.transpose(0, 1, 3, 5, 2, 4)
     return m.reshape(y, (n, c * b * b, h // b, w // b))
 
 

@@ -96,8 +96,8 @@ def gelu(ctx, x, *, approximate="none"):
 
 
 @handler("SwiGLU", since=25)
-def swiglu(ctx, x, *args, **attrs):
-    raise NotImplementedError("SwiGLU")
+def swiglu(ctx, a, b, *, alpha=1.0):
+    return (a * jax.nn.sigmoid(_c(alpha, a) * a) * b).astype(a.dtype)
 
 
 def _flat2d(fn):

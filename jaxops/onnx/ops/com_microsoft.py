@@ -1,0 +1,67 @@
+"""com.microsoft nodes (and ORT's ONNX-domain extras such as MaxPoolGrad) through
+`jaxops.ops.ORT_OPS`, with nothing op-specific here: the node's inputs go positionally (an
+absent optional input is None, a sequence a list), its attributes as keyword arguments under
+ORT's names, and several outputs come back as a tuple in ORT's order. A new ORT_OPS entry is
+importable as soon as it exists. Ops that ORT runs in place (optimizers, accumulators) report
+their new values through `ctx.update`, so `Program.run_with_updates` returns them."""
+from __future__ import annotations
+
+from typing import Callable
+
+from jaxops.onnx import registry
+
+_ONNX = ("", "ai.onnx")
+
+# ORT ops that update inputs in place (the graph names only their flag output): input index ->
+# the output index of the new value, as the op's optional outputs give it.
+IN_PLACE = {
+    "InPlaceAccumulatorV2": {0: 1},
+    "InPlaceAccumulator": {0: 0},
+    "ZeroGradient": {0: 0},
+    "InplaceClipGradNorm": {0: 0},
+    "SGDOptimizerV2": {1: 1},
+    "AdamWOptimizer": {2: 1, 4: 2, 5: 3},
+}
+
+
+def _table():
+    from jaxops.ops import ORT_OPS  # late: the op families load jax kernels
+
+    return ORT_OPS
+
+
+def _adapter(fn: Callable, op_type: str = "") -> Callable:
+    in_place = IN_PLACE.get(op_type, {})
+
+    def run(ctx, *inputs, **attrs):
+        out = fn(*inputs, **attrs)
+        results = out if isinstance(out, tuple) else (out,)
+        for i, k in in_place.items():
+            if k < len(results):
+                ctx.update(i, results[k])
+        if isinstance(out, tuple) and len(out) > ctx.num_outputs:
+            out = out[:ctx.num_outputs]  # the graph uses only the leading outputs
+        return out
+    run.__name__ = run.__qualname__ = f"ort_{getattr(fn, '__name__', 'op')}"
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def ort_handler(domain: str, op_type: str) -> Callable | None:
+    """The adapter for ORT_OPS[(domain, op_type)], or None; ONNX-domain entries (e.g.
+    SoftmaxCrossEntropyLoss) are consulted only where no ai.onnx handler exists."""
+    table = _table()
+    fn = table.get((domain, op_type))
+    if fn is None and domain in _ONNX:
+        fn = table.get(("" if domain == "ai.onnx" else "ai.onnx", op_type))
+    return _adapter(fn, op_type) if fn is not None else None
+
+
+def ort_keys():
+    return [("" if d in _ONNX else d, op) for d, op in _table()]
+
+
+# Every other domain registers through the registry, so the census and `registered()` list it.
+for (_domain, _op), _fn in sorted(_table().items()):
+    if _domain not in _ONNX:
+        registry.handler(_op, since=1, domain=_domain)(_adapter(_fn, _op))

@@ -1,0 +1,513 @@
+"""The graph interpreter: a loaded ONNX model as a function of (params, *inputs).
+
+Each graph (the main one and every subgraph) is checked and ordered once, at load, into a
+`_Plan`: its nodes in dependency order with their handlers found and attributes decoded. A call
+walks the plan with a dict of values. Values are numpy arrays where they are known without the
+inputs (integer initializers, Constant nodes, shape arithmetic on them) and jax arrays or
+tracers otherwise; handlers that keep numpy in numpy out let shape-like inputs stay static
+under `jax.jit`.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from jaxops.onnx import registry
+from jaxops.onnx.errors import OnnxImportError
+
+_A = onnx.AttributeProto
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_PYTHON_OPS = ("PythonOp", "PythonOpGrad")
+_UPDATES = object()  # the env key (never an ONNX name) of the in-place updates of one call
+
+
+def _domain(domain: str) -> str:
+    return "" if domain in _DEFAULT_DOMAINS else domain
+
+
+def is_trainable(dtype) -> bool:
+    """Float (incl. bfloat16, float8) and complex dtypes: what becomes a param."""
+    return bool(jax.numpy.issubdtype(np.dtype(dtype), jax.numpy.inexact))
+
+
+def node_label(node) -> str:
+    name = f"{node.name!r} " if node.name else ""
+    dom = f"{node.domain}." if _domain(node.domain) else ""
+    return f"node {name}({dom}{node.op_type})"
+
+
+def tensor_to_numpy(t, what: str) -> np.ndarray:
+    try:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            raise ValueError("its external data was not loaded")
+        return numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - any failure is a malformed tensor
+        raise OnnxImportError(f"{what}: tensor {t.name!r} cannot be read: {e}") from None
+
+
+def sparse_to_numpy(s, what: str) -> np.ndarray:
+    values = tensor_to_numpy(s.values, what)
+    indices = tensor_to_numpy(s.indices, what).astype(np.int64)
+    dims = tuple(int(d) for d in s.dims)
+    dense = np.zeros(dims, values.dtype)
+    try:
+        if indices.ndim == 1:  # linear indices
+            dense.reshape(-1)[indices] = values
+        else:  # [nnz, rank] coordinates
+            dense[tuple(indices.T)] = values
+    except (IndexError, ValueError) as e:
+        raise OnnxImportError(f"{what}: sparse tensor {s.values.name!r} is malformed: {e}") from None
+    return dense
+
+
+def decode_attribute(a, what: str) -> Any:
+    """An AttributeProto as a Python value (see `jaxops.onnx.registry`)."""
+    t = a.type
+    if t == _A.FLOAT:
+        return float(a.f)
+    if t == _A.INT:
+        return int(a.i)
+    if t == _A.STRING:
+        return _text(a.s)
+    if t == _A.TENSOR:
+        return tensor_to_numpy(a.t, what)
+    if t == _A.SPARSE_TENSOR:
+        return sparse_to_numpy(a.sparse_tensor, what)
+    if t == _A.GRAPH:
+        return a.g
+    if t == _A.TYPE_PROTO:
+        return a.tp
+    if t == _A.FLOATS:
+        return [float(v) for v in a.floats]
+    if t == _A.INTS:
+        return [int(v) for v in a.ints]
+    if t == _A.STRINGS:
+        return [_text(v) for v in a.strings]
+    if t == _A.TENSORS:
+        return [tensor_to_numpy(v, what) for v in a.tensors]
+    if t == _A.SPARSE_TENSORS:
+        return [sparse_to_numpy(v, what) for v in a.sparse_tensors]
+    if t == _A.GRAPHS:
+        return list(a.graphs)
+    if t == _A.TYPE_PROTOS:
+        return list(a.type_protos)
+    raise OnnxImportError(f"{what}: attribute {a.name!r} has no valid type ({t})")
+
+
+def _text(b: bytes):
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b
+
+
+def subgraphs(node):
+    """The GraphProtos held in a node's attributes."""
+    for a in node.attribute:
+        if a.type == _A.GRAPH:
+            yield a.g
+        elif a.type == _A.GRAPHS:
+            yield from a.graphs
+
+
+class _Step:
+    """One node, ready to run."""
+
+    __slots__ = ("node", "fn", "attrs", "inputs", "outputs", "label", "opsets")
+
+    def __init__(self, node, fn, attrs, opsets):
+        self.node = node
+        self.opsets = opsets
+        self.fn = fn
+        self.attrs = attrs
+        inputs = list(node.input)
+        while inputs and not inputs[-1]:
+            inputs.pop()  # trailing absent optional inputs: leave the handler's defaults
+        self.inputs = inputs
+        self.outputs = list(node.output)
+        self.label = node_label(node)
+
+
+class _Plan:
+    """A checked graph: its steps in dependency order, its static initializers, its inputs."""
+
+    def __init__(self, graph, steps, constants, params, input_names, output_names):
+        self.graph = graph  # keeps the proto (and so the id used as the cache key) alive
+        self.steps = steps
+        self.constants = constants
+        self.params = params
+        self.input_names = input_names
+        self.output_names = output_names
+
+
+class NodeContext:
+    """What a handler sees of the importer: the node, its opsets, static values, subgraphs."""
+
+    def __init__(self, program: "Program", step: _Step, env):
+        self._program = program
+        self._step = step
+        self._env = env
+
+    @property
+    def node(self):
+        return self._step.node
+
+    @property
+    def name(self) -> str:
+        return self._step.node.name
+
+    @property
+    def num_outputs(self) -> int:
+        """How many outputs the node declares (absent trailing ones included)."""
+        return len(self._step.outputs)
+
+    def output_used(self, i: int) -> bool:
+        """Whether output `i` is named (an optional output may be left out with '')."""
+        return i < len(self._step.outputs) and bool(self._step.outputs[i])
+
+    def opset(self, domain: str = "") -> int:
+        """The model's opset version for `domain` (0 when the model does not import it)."""
+        return self._step.opsets.get(_domain(domain), 0)
+
+    def error(self, message: str) -> OnnxImportError:
+        """An import error naming this node: `raise ctx.error("...")`."""
+        return OnnxImportError(f"{self._step.label}: {message}")
+
+    def static(self, x, what: str = "input"):
+        """`x` as numpy (lists element-wise; None stays None), or an error naming the node when
+        `x` depends on the data (a tracer under jit/grad/vmap)."""
+        if x is None:
+            return None
+        if isinstance(x, (list, tuple)):
+            return [self.static(v, what) for v in x]
+        try:
+            return np.asarray(x)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
+                jax.errors.TracerIntegerConversionError, jax.errors.TracerBoolConversionError):
+            raise self.error(
+                f"{what} must be known without the data (computed from constants, initializers "
+                "or shapes), but here it depends on a traced input or parameter") from None
+
+    def is_static(self, x) -> bool:
+        """Whether `x` (or every element of a list) is known without the data."""
+        if x is None:
+            return True
+        if isinstance(x, (list, tuple)):
+            return all(self.is_static(v) for v in x)
+        return not isinstance(x, jax.core.Tracer)
+
+    def update(self, i: int, value) -> None:
+        """Declares that this node updates its input `i` in place (ORT's optimizers and
+        gradient accumulators do); `Program.run_with_updates` returns the new value under the
+        input's name."""
+        updates = self._env.get(_UPDATES)
+        if updates is not None and i < len(self._step.inputs) and self._step.inputs[i]:
+            updates[self._step.inputs[i]] = value
+
+    def run_graph(self, graph, *inputs):
+        """Runs a subgraph (an attribute of this node) on `inputs`, with the values of the
+        enclosing graphs in scope; returns the list of its outputs."""
+        plan = self._program._plans.get(id(graph))
+        if plan is None:  # a graph the handler built itself
+            plan = self._program.plan_late(graph, frozenset(self._env), self._step.opsets,
+                                           self._step.label)
+        return self._program._run(plan, inputs, {}, self._env)
+
+
+class Program:
+    """A loaded ONNX model. Call `program(params, *inputs)` or `program(params, **inputs)`:
+    one output is returned as is, several as a tuple in the graph's order. Pure: usable under
+    `jax.jit`, `jax.grad` (w.r.t. params and float inputs) and `jax.vmap`."""
+
+    def __init__(self, model, *, python_ops: dict[str, Callable] | None = None):
+        self.model = model
+        self.opsets = {}
+        for o in model.opset_import:
+            self.opsets[_domain(o.domain)] = int(o.version)
+        if "" not in self.opsets:
+            raise OnnxImportError("the model imports no ai.onnx opset (opset_import is empty)")
+        self.functions = {(_domain(f.domain), f.name): f for f in model.functions}
+        self.python_ops = dict(python_ops or {})
+        self._plans: dict[int, _Plan] = {}
+        self.expansions: dict[tuple, _Plan] = {}  # function bodies, expanded when first run
+        self._missing: set[tuple[str, str, int]] = set()
+        self._refused: list[str] = []
+        try:
+            self._main = self._plan(model.graph, frozenset(), self.opsets, top=True)
+        except RecursionError:
+            raise OnnxImportError("the model's subgraphs nest too deeply") from None
+        if self._refused:
+            raise OnnxImportError("; ".join(self._refused))
+        if self._missing:
+            missing = ", ".join(f"({d or 'ai.onnx'!r}, {op!r}, {v})"
+                                for d, op, v in sorted(self._missing))
+            raise OnnxImportError(
+                f"the model uses {len(self._missing)} unsupported op(s) (domain, op_type, "
+                f"opset version): {missing}")
+        self.params = self._main.params
+        self.input_names = list(self._main.input_names)
+        self.output_names = list(self._main.output_names)
+
+    def __repr__(self):
+        return (f"<jaxops.onnx.Program {self.model.graph.name!r}: inputs {self.input_names}, "
+                f"outputs {self.output_names}, {len(self.params)} params>")
+
+    # -- calling ---------------------------------------------------------------------------
+
+    def __call__(self, params, *args, **kwargs):
+        outputs = self.run(params, *args, **kwargs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def run(self, params, *args, **kwargs) -> list:
+        """Like calling the program, but always returns the list of outputs."""
+        return self.run_with_updates(params, *args, **kwargs)[0]
+
+    def run_with_updates(self, params, *args, **kwargs) -> tuple[list, dict]:
+        """(outputs, updates): `updates` maps the name of each value that a node updates in
+        place (in ORT training graphs: the gradient accumulation buffers, the optimizer's
+        params and moments, which are graph inputs) to its new value. Functional code feeds
+        them back in as the next call's inputs."""
+        names = self.input_names
+        if len(args) > len(names):
+            raise OnnxImportError(f"the model takes {len(names)} inputs {names}, got {len(args)}")
+        given = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise OnnxImportError(f"the model has no input {k!r} (inputs: {names})")
+            if k in given:
+                raise OnnxImportError(f"input {k!r} given twice")
+            given[k] = v
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise OnnxImportError(f"missing model input(s) {missing} (inputs: {names})")
+        if params is None:
+            params = {}
+        unknown = set(params) - set(self._main.params)
+        if unknown:
+            raise OnnxImportError(f"params has entries the model does not: {sorted(unknown)}")
+        absent = set(self._main.params) - set(params)
+        if absent:
+            raise OnnxImportError(f"params lacks initializer(s) {sorted(absent)}")
+        updates = {}
+        outputs = self._run(self._main, [given[n] for n in names], params, None, updates)
+        return outputs, updates
+
+    def _run(self, plan: _Plan, inputs, params, outer, updates=None):
+        if len(inputs) > len(plan.input_names):
+            raise OnnxImportError(f"graph {plan.graph.name!r} takes {len(plan.input_names)} "
+                                  f"inputs, got {len(inputs)}")
+        env = collections.ChainMap({}, outer) if outer is not None else {}
+        if updates is not None:
+            env[_UPDATES] = updates
+        env.update(plan.constants)
+        env.update(params)
+        env.update(zip(plan.input_names, inputs))
+        for step in plan.steps:
+            self._run_step(step, env)
+        return [env[n] for n in plan.output_names]
+
+    def _run_step(self, step: _Step, env):
+        args = [env[n] if n else None for n in step.inputs]
+        ctx = NodeContext(self, step, env)
+        try:
+            out = step.fn(ctx, *args, **step.attrs)
+        except OnnxImportError:
+            raise
+        except RecursionError:
+            raise OnnxImportError(f"{step.label}: subgraphs nest too deeply") from None
+        except Exception as e:  # noqa: BLE001 - every handler failure names its node
+            raise OnnxImportError(f"{step.label}: {type(e).__name__}: {e}") from e
+        if not isinstance(out, tuple):
+            out = (out,)
+        for i, name in enumerate(step.outputs):
+            if not name:
+                continue
+            if i >= len(out):
+                raise OnnxImportError(f"{step.label}: output {i} ({name!r}) is used but the "
+                                      f"handler gives only {len(out)} output(s)")
+            env[name] = out[i]
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _plan(self, graph, outer: frozenset, opsets: dict, top: bool = False) -> _Plan:
+        plan = self._plans.get(id(graph))
+        if plan is None:
+            plan = self._check_graph(graph, top, outer, opsets)
+            # the plan holds the proto, so its id stays unique while the entry lives
+            self._plans[id(graph)] = plan
+        return plan
+
+    def plan_late(self, graph, outer: frozenset, opsets: dict, label: str) -> _Plan:
+        """Checks a graph met only while running (a function body, a handler's own graph)."""
+        before = len(self._missing), len(self._refused)
+        try:
+            plan = self._plan(graph, outer, opsets)
+        except OnnxImportError as e:
+            raise OnnxImportError(f"{label}: {e}") from None
+        except RecursionError:
+            raise OnnxImportError(f"{label}: graphs nest too deeply") from None
+        if (len(self._missing), len(self._refused)) != before:
+            self._plans.pop(id(graph), None)
+            problems = sorted(self._missing)[before[0]:] + self._refused[before[1]:]
+            raise OnnxImportError(f"{label}: its expansion needs what is unsupported: {problems}")
+        return plan
+
+    def _check_graph(self, graph, top: bool, outer: frozenset, opsets: dict) -> _Plan:
+        where = "the model's graph" if top else f"subgraph {graph.name!r}"
+        constants, params = {}, {}
+        for t in graph.initializer:
+            if not t.name:
+                raise OnnxImportError(f"{where}: an initializer has no name")
+            value = tensor_to_numpy(t, where)
+            # float initializers of the main graph are what one trains: params; the rest
+            # (integers, bools, strings, subgraph constants) stay static numpy
+            if top and is_trainable(value.dtype):
+                params[t.name] = value
+            else:
+                constants[t.name] = value
+        for s in graph.sparse_initializer:
+            constants[s.values.name] = sparse_to_numpy(s, where)
+        known = set(constants) | set(params)
+        input_names = []
+        for vi in graph.input:
+            if not vi.name:
+                raise OnnxImportError(f"{where}: an input has no name")
+            if vi.name in known and top:
+                continue  # an initializer listed as an input (IR < 4): a param, not an input
+            if vi.name in input_names:
+                raise OnnxImportError(f"{where}: input {vi.name!r} is declared twice")
+            input_names.append(vi.name)
+        defined = set(input_names) | known
+        steps = self._order(graph, where, defined, outer, opsets)
+        output_names = []
+        produced = defined | {o for s in steps for o in s.outputs if o} | outer
+        for vi in graph.output:
+            if vi.name not in produced:
+                raise OnnxImportError(f"{where}: output {vi.name!r} is computed by no node")
+            output_names.append(vi.name)
+        return _Plan(graph, steps, constants, params, input_names, output_names)
+
+    def _order(self, graph, where, defined, outer, opsets):
+        """The graph's nodes as steps in dependency order; dangling inputs and cycles fail."""
+        nodes = list(graph.node)
+        producer = {}
+        for i, node in enumerate(nodes):
+            for o in node.output:
+                if not o:
+                    continue
+                if o in producer or o in defined:
+                    raise OnnxImportError(f"{where}: value {o!r} is produced twice "
+                                          f"(again by {node_label(node)})")
+                producer[o] = i
+        # a node depends on the producers of its inputs and of the outer-scope names that its
+        # subgraphs read
+        deps = []
+        for node in nodes:
+            needs = set()
+            for name in list(node.input) + sorted(_free_names(node)):
+                if not name or name in defined:
+                    continue
+                if name in producer:
+                    needs.add(producer[name])
+                elif name not in outer:
+                    raise OnnxImportError(f"{where}: {node_label(node)} reads {name!r}, which "
+                                          "no node, input or initializer defines")
+            deps.append(needs)
+        order, state = [], [0] * len(nodes)  # 0 new, 1 on the stack, 2 done
+        for start in range(len(nodes)):
+            if state[start]:
+                continue
+            stack = [(start, iter(sorted(deps[start])))]
+            state[start] = 1
+            while stack:
+                i, it = stack[-1]
+                j = next(it, None)
+                if j is None:
+                    stack.pop()
+                    state[i] = 2
+                    order.append(i)
+                elif state[j] == 1:
+                    raise OnnxImportError(f"{where}: the graph has a cycle through "
+                                          f"{node_label(nodes[j])}")
+                elif state[j] == 0:
+                    state[j] = 1
+                    stack.append((j, iter(sorted(deps[j]))))
+        scope = frozenset(outer | defined | set(producer))
+        return [self._step(nodes[i], where, scope, opsets) for i in order]
+
+    def _step(self, node, where, scope, opsets) -> _Step:
+        label = f"{where}, {node_label(node)}"
+        attrs = {}
+        for a in node.attribute:
+            if a.ref_attr_name:
+                raise OnnxImportError(f"{label}: attribute {a.name!r} refers to a function "
+                                      "attribute outside a function")
+            if a.name in attrs:
+                raise OnnxImportError(f"{label}: attribute {a.name!r} is given twice")
+            attrs[a.name] = decode_attribute(a, label)
+        # plan the very GraphProto objects the handler will get, so run_graph finds them
+        for value in attrs.values():
+            for g in value if isinstance(value, list) else [value]:
+                if isinstance(g, onnx.GraphProto):
+                    self._plan(g, scope, opsets)
+        return _Step(node, self._resolve(node, label, opsets), attrs, opsets)
+
+    def _resolve(self, node, label, opsets) -> Callable:
+        from jaxops.onnx import resolve  # the op tables import handler modules: import late
+
+        domain = _domain(node.domain)
+        if node.op_type in _PYTHON_OPS and domain == "com.microsoft":
+            fn = resolve.python_op(node, self.python_ops)
+            if fn is None:
+                self._refused.append(
+                    f"{label} names Python code ({_func_name(node)!r}); it is refused unless "
+                    "the caller passes it explicitly: load(..., python_ops={name: function})")
+                return _unavailable
+            return fn
+        # ORT's tools sometimes leave com.microsoft out of opset_import; 1 is its only version
+        version = opsets.get(domain, 1)
+        fn = resolve.find(domain, node.op_type, version, self)
+        if fn is None:
+            self._missing.add((domain, node.op_type, version))
+            return _unavailable
+        return fn
+
+
+def _unavailable(ctx, *args, **kwargs):
+    raise ctx.error("no handler")  # never reached: load fails first
+
+
+def _func_name(node):
+    for a in node.attribute:
+        if a.name == "func_name":
+            return _text(a.s)
+    return None
+
+
+def _free_names(node) -> set:
+    """Names a node's subgraphs read from enclosing scopes."""
+    free = set()
+    for g in subgraphs(node):
+        local = {vi.name for vi in g.input} | {t.name for t in g.initializer}
+        local |= {s.values.name for s in g.sparse_initializer}
+        local |= {o for n in g.node for o in n.output}
+        for n in g.node:
+            free |= {i for i in n.input if i and i not in local}
+            free |= _free_names(n) - local
+        free |= {vi.name for vi in g.output if vi.name not in local}
+    return free
+
+
+def registered_ops() -> dict:
+    """Every (domain, op_type) with a handler (ai.onnx, training, com.microsoft)."""
+    from jaxops.onnx import resolve
+
+    return resolve.supported()
+
+
+__all__ = ["NodeContext", "Program", "registry", "registered_ops"]

@@ -1,0 +1,169 @@
+"""Which function runs a node, in this order: a function defined in the model; a registered
+handler (`jaxops.onnx.registry`, ai.onnx and friends, com.microsoft through ORT_OPS); an
+ORT_OPS entry of any other domain; the function body that the ONNX schema defines for the op
+(e.g. Celu, MeanVarianceNormalization, the loss ops), expanded into its primitive ops."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import helper
+
+import jaxops.onnx.ops  # noqa: F401 - registers every handler module
+from jaxops.onnx import registry
+from jaxops.onnx.errors import OnnxImportError
+from jaxops.onnx.ops import com_microsoft
+
+_A = onnx.AttributeProto
+
+
+def find(domain: str, op_type: str, version: int, program) -> Callable | None:
+    f = program.functions.get((domain, op_type))
+    if f is not None:
+        return _model_function(f, program)
+    fn = registry.lookup(domain, op_type, version)
+    if fn is None:
+        fn = com_microsoft.ort_handler(domain, op_type)
+    if fn is None:
+        fn = _schema_function(domain, op_type, version)
+    return fn
+
+
+def supported() -> dict[tuple[str, str], list[int]]:
+    """(domain, op_type) -> the since_versions with a handler (schema functions not counted)."""
+    table = registry.registered()
+    for domain, op_type in com_microsoft.ort_keys():
+        table.setdefault((domain, op_type), [1])
+    return dict(sorted(table.items()))
+
+
+def is_supported(domain: str, op_type: str, version: int) -> bool:
+    return (registry.lookup(domain, op_type, version) is not None
+            or com_microsoft.ort_handler(domain, op_type) is not None
+            or _schema_function(domain, op_type, version) is not None)
+
+
+def python_op(node, python_ops: dict) -> Callable | None:
+    """ORT's PythonOp names a torch.autograd.Function by `func_name`: run only a function the
+    caller handed over under that name, called as fn(*inputs, **attributes)."""
+    name = next((a.s.decode("utf-8", "replace") for a in node.attribute
+                 if a.name == "func_name"), None)
+    fn = python_ops.get(name) if name is not None else None
+    if fn is None:
+        return None
+    return lambda ctx, *inputs, **attrs: fn(*inputs, **attrs)
+
+
+# -- functions -------------------------------------------------------------------------------
+
+def _model_function(f: onnx.FunctionProto, program) -> Callable:
+    defaults = {a.name: a for a in f.attribute_proto}
+    opsets = dict(program.opsets)
+    opsets.update({("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+                   for o in f.opset_import})
+
+    def run(ctx, *inputs, **attrs):
+        return _run_function(ctx, f, defaults, opsets, inputs, key=("model", id(f)))
+    return run
+
+
+def _schema_function(domain: str, op_type: str, version: int) -> Callable | None:
+    try:
+        schema = onnx.defs.get_schema(op_type, version, domain)
+    except Exception:  # noqa: BLE001 - onnx raises SchemaError for unknown ops
+        return None
+    plain = [v for v in schema.function_opset_versions if v <= version]
+    context = [v for v in schema.context_dependent_function_opset_versions if v <= version]
+    if not plain and not context:
+        return None
+
+    def run(ctx, *inputs, **attrs):
+        node_bytes = ctx.node.SerializeToString()
+        if context:
+            types = [_type_of(x).SerializeToString() for x in inputs]
+            v = max(context)
+            body = schema.get_context_dependent_function_with_opset_version(v, node_bytes, types)
+            key = ("schema", domain, op_type, v, tuple(types))
+        else:
+            v = max(plain)
+            body = schema.get_function_with_opset_version(v)
+            key = ("schema", domain, op_type, v)
+        f = onnx.FunctionProto()
+        f.ParseFromString(body)
+        if not f.node:
+            raise ctx.error("the ONNX schema gives no function body for these inputs")
+        opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+                  for o in f.opset_import}
+        return _run_function(ctx, f, {}, opsets, inputs, key=key)
+    return run
+
+
+def _run_function(ctx, f, defaults, opsets, inputs, key):
+    program, step = ctx._program, ctx._step
+    key = key + (id(step),)
+    plan = program.expansions.get(key)
+    if plan is None:
+        nodes = [_bind_attrs(n, ctx.node, defaults) for n in f.node]
+        graph = helper.make_graph(
+            nodes, f"{f.name}_expanded",
+            [helper.make_empty_tensor_value_info(n) for n in f.input],
+            [helper.make_empty_tensor_value_info(n) for n in f.output])
+        plan = program.plan_late(graph, frozenset(), opsets, step.label)
+        program.expansions[key] = plan
+    inputs = list(inputs) + [None] * (len(f.input) - len(inputs))
+    outs = program._run(plan, inputs, {}, None)
+    return tuple(outs) if len(outs) > 1 else outs[0]
+
+
+def _bind_attrs(node, caller, defaults):
+    """A copy of a function-body node with attribute references replaced by the caller's
+    attributes (or the function's defaults); unset references are dropped."""
+    given = {a.name: a for a in caller.attribute}
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    del out.attribute[:]
+    for a in node.attribute:
+        if a.ref_attr_name:
+            src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+            if src is None:
+                continue
+            b = onnx.AttributeProto()
+            b.CopyFrom(src)
+            b.name = a.name
+        else:
+            b = onnx.AttributeProto()
+            b.CopyFrom(a)
+            if b.type == _A.GRAPH:
+                _bind_graph(b.g, given, defaults)
+            elif b.type == _A.GRAPHS:
+                for g in b.graphs:
+                    _bind_graph(g, given, defaults)
+        out.attribute.append(b)
+    return out
+
+
+def _bind_graph(g, given, defaults):
+    caller = onnx.NodeProto()
+    caller.attribute.extend(given.values())
+    bound = [_bind_attrs(n, caller, defaults) for n in g.node]
+    del g.node[:]
+    g.node.extend(bound)
+
+
+def _type_of(x) -> onnx.TypeProto:
+    """The ONNX type of a runtime value, for the schema's context-dependent functions."""
+    if x is None:
+        return onnx.TypeProto()
+    if isinstance(x, list):
+        t = onnx.TypeProto()
+        if x:
+            t.sequence_type.elem_type.CopyFrom(_type_of(x[0]))
+        return t
+    dtype = np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
+    try:
+        elem = helper.np_dtype_to_tensor_dtype(dtype)
+    except Exception:  # noqa: BLE001
+        raise OnnxImportError(f"no ONNX type for dtype {dtype}") from None
+    return helper.make_tensor_type_proto(elem, list(np.shape(x)))

@@ -147,4 +147,4 @@ def tensor_scatter(ctx, past_cache, update, write_indices=None, *, mode="linear"
     shape[0], shape[axis] = b, s
     idx = list(jnp.indices(update.shape, sparse=True))
     idx[axis] = pos.reshape(shape)
-    return past_cache.at[tuple(idx)].set(update, mode="drop")
+    return jnp.asarray(past_cache).at[tuple(idx)].set(update, mode="drop")

@@ -331,7 +331,7 @@ def reverse_sequence(ctx, x, lengths, *, batch_axis=1, time_axis=0):
     lshape[batch_axis] = x.shape[batch_axis]
     L = m.reshape(lengths, lshape)
     src = m.where(pos < L, L - 1 - pos, pos)
-    src = m.broadcast_to(src, np.broadcast_shapes(src.shape, x.shape[:time_axis] + (1,) + x.shape[time_axis + 1:]) if False else x.shape)
+    src = m.broadcast_to(src, x.shape)
     return m.take_along_axis(x, src, axis=time_axis)
 
 

@@ -69,8 +69,9 @@ def conv_transpose(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, grou
     if output_shape is not None:
         pad_pairs = []
         for i in range(nd):
-            total = max(strides[i] * (ins[i] - 1) + out_pad[i] + full[i] - output_shape[i], 0)
-            half = total // 2
+            # a negative total (output_shape larger than the natural size) extends the end
+            total = strides[i] * (ins[i] - 1) + out_pad[i] + full[i] - output_shape[i]
+            half = int(total / 2)
             pad_pairs.append((total - half, half) if auto_pad == "SAME_LOWER" else (half, total - half))
     elif pads is not None and auto_pad == "NOTSET":
         pad_pairs = [(pads[i], pads[i + nd]) for i in range(nd)]

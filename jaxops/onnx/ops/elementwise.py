@@ -161,9 +161,12 @@ def _small_float_cast(x, to, saturate, round_mode):
     if to == np.dtype(jnp.float8_e8m0fnu) and is_float(x.dtype):
         lg = m.log2(m.abs(x.astype(np.float32)))
         e = {"up": m.ceil, "down": m.floor, "nearest": m.round}[round_mode](lg)
-        if saturate:
-            e = m.clip(e, -127, 127)
-        return m.where(m.isnan(x), np.nan, m.exp2(e)).astype(to)
+        # build the exponent byte directly: 2**-127 is a subnormal float32 that XLA flushes
+        e = m.clip(e, -127, 127) if saturate else m.where(m.abs(e) > 127, np.nan, e)
+        bits = m.where(m.isnan(e), 255, e + 127).astype(np.uint8)
+        if m is np:
+            return bits.view(to)
+        return jax.lax.bitcast_convert_type(bits, to)
     if saturate and is_float(x.dtype):
         big = np.asarray(float(jnp.finfo(to).max), x.dtype)
         x = m.clip(x, -big, big)

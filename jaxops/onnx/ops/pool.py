@@ -119,11 +119,13 @@ def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads=None, s
     nd = x.ndim - 2
     strides = list(strides or [1] * nd)
     pads = list(pads or [0] * (2 * nd))
-    if output_shape is not None:
-        out = [int(v) for v in ctx.static(output_shape, "output_shape")]
-    else:
-        out = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + nd]
-                                   + kernel_shape[i] for i in range(nd)]
+    out = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + nd]
+                               + kernel_shape[i] for i in range(nd)]
     flat = jnp.zeros(int(np.prod(out)), x.dtype)
-    flat = flat.at[jnp.asarray(indices).reshape(-1)].set(x.reshape(-1), mode="drop")
-    return flat.reshape(out)
+    flat = flat.at[jnp.asarray(indices).reshape(-1)].set(jnp.asarray(x).reshape(-1), mode="drop")
+    y = flat.reshape(out)
+    if output_shape is not None:  # the indices address the default shape; extra room pads the end
+        want = [int(v) for v in ctx.static(output_shape, "output_shape")]
+        y = jnp.pad(y, [(0, max(w - o, 0)) for w, o in zip(want, out)])
+        y = y[tuple(slice(0, w) for w in want)]
+    return y

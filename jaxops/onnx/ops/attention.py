@@ -1,0 +1,137 @@
+"""Attention (opset 23/24) and RotaryEmbedding (opset 23)."""
+from __future__ import annotations
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+from ..registry import handler
+from ._util import np_dtype
+
+
+def _heads(x, n):
+    """[B, S, n*H] -> [B, n, S, H]."""
+    b, s, _ = x.shape
+    return x.reshape(b, s, n, -1).transpose(0, 2, 1, 3)
+
+
+def _window_bias(q_len, kv_len, offset, left, right, causal, dtype):
+    """0 where query i may see key j, -inf elsewhere. offset: scalar or per-batch [B]."""
+    i = jnp.arange(q_len)[:, None]
+    j = jnp.arange(kv_len)[None, :]
+    off = jnp.asarray(offset)
+    per_batch = off.ndim > 0
+    p = i + (off.reshape(-1, 1, 1) if per_batch else off)  # absolute query position
+    allowed = jnp.ones(p.shape[:-1] + (kv_len,), bool) if per_batch else jnp.ones((q_len, kv_len), bool)
+    if causal:
+        allowed = allowed & (j <= p)
+    if left >= 0:
+        allowed = allowed & (p - j <= left)
+    if right >= 0:
+        allowed = allowed & (j - p <= right)
+    bias = jnp.where(allowed, jnp.zeros((), dtype), jnp.asarray(-jnp.inf, dtype))
+    return bias[:, None] if per_batch else bias
+
+
+def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
+              is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0,
+              scale=None, softcap=0.0, softmax_precision=None, left_window_size=-1,
+              right_window_size=-1):
+    three_d = Q.ndim == 3
+    if three_d:
+        Q, K, V = _heads(Q, q_num_heads), _heads(K, kv_num_heads), _heads(V, kv_num_heads)
+    dt = Q.dtype
+    if scale is None:
+        scale = 1.0 / np.sqrt(Q.shape[-1])
+    if past_key is not None:
+        K = jnp.concatenate([past_key, K], axis=2)
+        V = jnp.concatenate([past_value, V], axis=2)
+    present_k, present_v = K, V
+    q_len, kv_len = Q.shape[2], K.shape[2]
+
+    bias = jnp.zeros((q_len, kv_len), dt)
+    if attn_mask is not None:
+        m = attn_mask
+        if m.shape[-1] < kv_len:  # a short mask leaves the trailing keys masked
+            fill = False if m.dtype == jnp.bool_ else -jnp.inf
+            m = jnp.pad(m, [(0, 0)] * (m.ndim - 1) + [(0, kv_len - m.shape[-1])], constant_values=fill)
+        if m.dtype == jnp.bool_:
+            m = jnp.where(m, jnp.zeros((), dt), jnp.asarray(-jnp.inf, dt))
+        bias = bias + m.astype(dt)
+    if nonpad_kv_seqlen is not None and past_key is None:
+        offset = nonpad_kv_seqlen.reshape(-1) - q_len
+    else:
+        offset = 0 if past_key is None else past_key.shape[2]
+    lw = -1 if left_window_size is None else left_window_size
+    rw = -1 if right_window_size is None else right_window_size
+    if is_causal or lw >= 0 or rw >= 0:
+        bias = bias + _window_bias(q_len, kv_len, offset, lw, rw, bool(is_causal), dt)
+    if nonpad_kv_seqlen is not None:
+        pad = jnp.arange(kv_len)[None, :] < nonpad_kv_seqlen.reshape(-1, 1)
+        bias = bias + jnp.where(pad, 0.0, -jnp.inf).astype(dt)[:, None, None, :]
+
+    hq, hk = Q.shape[1], K.shape[1]
+    if hq != hk:  # grouped-query attention: each kv head serves hq // hk query heads
+        K = jnp.repeat(K, hq // hk, axis=1)
+        V = jnp.repeat(V, hq // hk, axis=1)
+    s = jnp.asarray(np.sqrt(scale), dt)
+    scores = jnp.matmul(Q * s, jnp.swapaxes(K * s, -1, -2))
+    if softcap:
+        c = jnp.asarray(softcap, dt)
+        scores = jnp.tanh(scores / c) * c
+    biased = scores + bias
+    qk_out = biased if qk_matmul_output_mode == 2 else scores
+    logits = biased.astype(np_dtype(softmax_precision)) if softmax_precision else biased
+    mx = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.exp(logits - jnp.where(jnp.isneginf(mx), 0, mx))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = e / jnp.where(total == 0, 1, total)
+    dead = jnp.isneginf(jnp.max(jnp.broadcast_to(bias, biased.shape), axis=-1, keepdims=True))
+    probs = jnp.where(dead, jnp.zeros((), probs.dtype), probs)
+    if qk_matmul_output_mode == 3:
+        qk_out = probs
+    probs = probs.astype(dt)
+    y = jnp.matmul(probs, V)
+    if three_d:
+        y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
+    return y, present_k, present_v, qk_out.astype(dt)
+
+
+@handler("Attention", since=23)
+def attention_23(ctx, *inputs, **attrs):
+    outs = attention(*inputs, **attrs)
+    return outs[0] if ctx.num_outputs == 1 else outs[: ctx.num_outputs]
+
+
+@handler("RotaryEmbedding", since=23)
+def rotary_embedding(ctx, x, cos_cache, sin_cache, position_ids=None, *, interleaved=0,
+                     num_heads=0, rotary_embedding_dim=0):
+    """x: [B, S, hidden] (num_heads given) or [B, heads, S, head]."""
+    three_d = x.ndim == 3
+    if three_d:
+        b, s, _ = x.shape
+        x4 = x.reshape(b, s, num_heads, -1)
+    else:
+        x4 = x.transpose(0, 2, 1, 3)  # [B, S, heads, head]
+    head = x4.shape[-1]
+    rot = rotary_embedding_dim or head
+    if position_ids is not None:
+        cos = cos_cache[position_ids]  # [B, S, rot/2]
+        sin = sin_cache[position_ids]
+    else:
+        cos, sin = cos_cache, sin_cache
+    cos = cos[..., : rot // 2][..., None, :]
+    sin = sin[..., : rot // 2][..., None, :]
+    xr, rest = x4[..., :rot], x4[..., rot:]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+    else:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    r1 = x1 * cos - x2 * sin
+    r2 = x2 * cos + x1 * sin
+    if interleaved:
+        xr = jnp.stack([r1, r2], axis=-1).reshape(xr.shape)
+    else:
+        xr = jnp.concatenate([r1, r2], axis=-1)
+    y = jnp.concatenate([xr, rest], axis=-1).astype(x.dtype)
+    return y.reshape(x.shape) if three_d else y.transpose(0, 2, 1, 3)

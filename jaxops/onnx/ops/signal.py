@@ -1,0 +1,93 @@
+"""Signal processing: DFT, STFT, Hann/Hamming/Blackman windows."""
+from __future__ import annotations
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+from ..registry import handler
+from ._util import np_dtype, norm_axis
+
+
+def _complex(x):
+    """[..., 1] real or [..., 2] (re, im) -> complex [...]."""
+    # the widest complex type jax allows: f32 FFTs lose the last digits the ONNX tests check
+    ct = jnp.complex128 if jax.config.jax_enable_x64 else jnp.complex64
+    if x.shape[-1] == 1:
+        return x[..., 0].astype(ct)
+    return x[..., 0].astype(ct) + 1j * x[..., 1].astype(ct)
+
+
+def _split(z, dtype):
+    return jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1).astype(dtype)
+
+
+def _dft(x, length, axis, inverse, onesided):
+    axis = norm_axis(axis, x.ndim)
+    if axis == x.ndim - 1:
+        raise ValueError("DFT: axis must not be the last (real/imaginary) dimension")
+    if length is None:
+        length = 2 * (x.shape[axis] - 1) if inverse and onesided else x.shape[axis]
+    z = _complex(x)
+    if inverse:
+        if onesided:
+            return jnp.fft.irfft(z, n=length, axis=axis)[..., None].astype(x.dtype)
+        return _split(jnp.fft.ifft(z, n=length, axis=axis), x.dtype)
+    y = jnp.fft.fft(z, n=length, axis=axis)
+    if onesided:
+        y = jnp.take(y, jnp.arange(length // 2 + 1), axis=axis)
+    return _split(y, x.dtype)
+
+
+def _scalar(ctx, v, what):
+    return None if v is None else int(np.asarray(ctx.static(v, what)).reshape(-1)[0])
+
+
+@handler("DFT", since=17)
+def dft_17(ctx, x, dft_length=None, *, axis=1, inverse=0, onesided=0):
+    return _dft(x, _scalar(ctx, dft_length, "dft_length"), axis, inverse, onesided)
+
+
+@handler("DFT", since=20)
+def dft_20(ctx, x, dft_length=None, axis=None, *, inverse=0, onesided=0):
+    a = -2 if axis is None else _scalar(ctx, axis, "axis")
+    return _dft(x, _scalar(ctx, dft_length, "dft_length"), a, inverse, onesided)
+
+
+@handler("STFT", since=17)
+def stft(ctx, signal, frame_step, window=None, frame_length=None, *, onesided=1):
+    step = _scalar(ctx, frame_step, "frame_step")
+    n = _scalar(ctx, frame_length, "frame_length") if frame_length is not None else window.shape[0]
+    length = signal.shape[1]
+    frames = 1 + (length - n) // step
+    idx = np.arange(frames)[:, None] * step + np.arange(n)[None, :]
+    z = _complex(signal)[:, idx]  # [B, frames, n]
+    if window is not None:
+        z = z * window
+    y = jnp.fft.fft(z, axis=-1)
+    if onesided:
+        y = y[..., : n // 2 + 1]
+    return _split(y, signal.dtype)
+
+
+def _window(ctx, size, periodic, output_datatype, coeffs):
+    n = _scalar(ctx, size, "size")
+    denom = n if periodic else n - 1
+    k = np.arange(n)
+    w = sum(c * np.cos(2 * np.pi * j * k / denom) for j, c in enumerate(coeffs))
+    return w.astype(np_dtype(output_datatype))
+
+
+@handler("HannWindow", since=17)
+def hann_window(ctx, size, *, output_datatype=1, periodic=1):
+    return _window(ctx, size, periodic, output_datatype, [0.5, -0.5])
+
+
+@handler("HammingWindow", since=17)
+def hamming_window(ctx, size, *, output_datatype=1, periodic=1):
+    return _window(ctx, size, periodic, output_datatype, [25 / 46, -(1 - 25 / 46)])
+
+
+@handler("BlackmanWindow", since=17)
+def blackman_window(ctx, size, *, output_datatype=1, periodic=1):
+    return _window(ctx, size, periodic, output_datatype, [0.42, -0.5, 0.08])

@@ -58,6 +58,9 @@ def gather_nd_grad(shape, indices, update, batch_dims=0):
     where = [lax.broadcasted_iota(indices.dtype, lead, d) for d in range(b)]
     where += [wrap_or_drop(indices[..., j], shape[b + j]) for j in range(k)]
     out = jnp.zeros(shape, acc_dtype(update.dtype))
+    if not where:  # every (empty) index tuple addresses all of dX
+        return (out + jnp.sum(update.astype(out.dtype), axis=tuple(range(len(lead))))
+                ).astype(update.dtype)
     return out.at[tuple(where)].add(update.astype(out.dtype), mode="drop").astype(update.dtype)
 
 

@@ -65,11 +65,12 @@ def test_gather_nd_grad(rng, dtype, shape, ishape, b):
           expected, dtype)
 
 
-# ORT 1.19.2's CPU SliceGrad fails on negative axes ("narrowing_error"); test_gather.py covers
-# them against numpy (ONNX Slice counts them from the end).
+# ORT 1.19.2's CPU SliceGrad fails ("narrowing_error") on negative axes and on a negative step
+# along the last axis; test_gather.py covers both against numpy.
 SLICES = [((6, 5), [1, 0], [4, 5], None, None), ((6, 5), [-4], [-1], [1], None),
           ((6, 5), [0, 1], [100, 4], [0, 1], [2, 2]), ((6, 5), [5], [-100], [0], [-2]),
-          ((6, 5), [-1, 4], [0, 0], [0, 1], [-1, -3]), ((4, 3, 5), [1, -10], [3, 10], [2, 0],
+          ((6, 5), [-1, 0], [0, 5], [0, 1], [-1, 3]),
+          ((4, 3, 5), [2, 1], [-10, 4], [1, 2], [-1, 2]), ((4, 3, 5), [1, -10], [3, 10], [2, 0],
                                                            [1, 3])]
 
 

@@ -166,6 +166,14 @@ combine(const uint32_t* keys, Dims d, const acc_t<T>* partial, T* dx) {
   // Only a run that goes on past this chunk and starts in it is combined here.
   if (key >= uint32_t(d.v) || end >= d.n || keys[end] != key) return;
   if (begin > 0 && keys[begin - 1] == key) return;
+  // The last chunk the run reaches: the largest c with keys[c * kChunk] == key (keys are
+  // sorted; chunk + 1 starts inside the run). A binary search, so that the partial-sum loads
+  // below do not wait on one another.
+  int64_t last = chunk + 1, hi = (d.n - 1) / kChunk;
+  while (last < hi) {
+    const int64_t mid = (last + hi + 1) / 2;
+    if (keys[mid * kChunk] == key) last = mid; else hi = mid - 1;
+  }
   const int64_t inner = d.inner_vecs * VEC;
   for (int64_t j = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; j < d.cols;
        j += int64_t(gridDim.y) * blockDim.x) {
@@ -173,12 +181,11 @@ combine(const uint32_t* keys, Dims d, const acc_t<T>* partial, T* dx) {
     const A* p = partial_at<const A, VEC>(partial, chunk, 1, j, d.cols);
 #pragma unroll
     for (int t = 0; t < VEC; ++t) acc[t] = p[t];
-    for (int64_t c = chunk + 1;; ++c) {  // chunks the run spans, in order
+#pragma unroll 4
+    for (int64_t c = chunk + 1; c <= last; ++c) {  // the chunks the run spans, in order
       const A* q = partial_at<const A, VEC>(partial, c, 0, j, d.cols);
 #pragma unroll
       for (int t = 0; t < VEC; ++t) acc[t] += q[t];
-      const int64_t next = (c + 1) * kChunk;
-      if (next >= d.n || keys[next] != key) break;
     }
     const int64_t o = j / d.inner_vecs, iv = j - o * d.inner_vecs;
     store_row<T, VEC>(dx + (o * d.v + key) * inner + iv * VEC, acc);

@@ -48,10 +48,13 @@ class _Fail:
 
 def _static_ints(fail, value, what):
     """A 1-D static integer input as a tuple of ints."""
-    if isinstance(value, jax.core.Tracer):
+    try:
+        arr = np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        arr = None
+    if arr is None or arr.dtype == object:
         fail(TypeError, f"{what} must be static (a tuple, list or concrete array), got a traced "
                         "value; pass it as a Python/numpy value or mark it static under jit")
-    arr = np.asarray(value)
     if arr.ndim != 1 and not (arr.ndim == 0 and arr.size == 0):
         fail(ValueError, f"{what} must be 1-D, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":

@@ -19,6 +19,7 @@ Differentiation: GatherGrad is linear in dY; its transpose is a gather (`gather_
 plain XLA code) whose own transpose is the GatherGrad kernel, so gradients of any order run the
 kernel in the scatter direction. The other three are compositions and inherit this.
 """
+import functools
 import math
 import operator
 
@@ -295,6 +296,11 @@ def gather_elements_grad(dY, shape, indices, axis=0):
                          f"{dY.shape} vs {shape}")
     if disabled(name):
         return ref.gather_elements_grad(dY, shape, indices, axis)
+    return _gather_elements_grad(dY, indices, shape, axis)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _gather_elements_grad(dY, indices, shape, axis):
     total = math.prod(shape)
     dtype = _index_dtype(total)
     flat = jnp.zeros(dY.shape, dtype)
@@ -344,6 +350,12 @@ def gather_nd_grad(shape, indices, update, batch_dims=0):
                          f"{want}, got {tuple(update.shape)}")
     if disabled(name):
         return ref.gather_nd_grad(shape, indices, update, b)
+    return _gather_nd_grad(indices, update, shape, b)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _gather_nd_grad(indices, update, shape, b):
+    k = indices.shape[-1]
     sub, rest = shape[b:b + k], math.prod(shape[b + k:])
     rows = math.prod(shape[:b + k])
     dtype = _index_dtype(rows)
@@ -403,6 +415,11 @@ def slice_grad(dY, shape, starts, ends, axes=None, steps=None):
         fail(ValueError, f"dY must have the sliced shape {counts}, got {tuple(dY.shape)}")
     if disabled(name):
         return ref.slice_grad(dY, shape, starts, ends, axes, steps)
+    return _slice_grad(dY, shape, tuple(ranges), counts)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _slice_grad(dY, shape, ranges, counts):
     if 0 in counts:
         return jnp.zeros(shape, dY.dtype)
     config = []

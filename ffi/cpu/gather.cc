@@ -1,0 +1,70 @@
+// CPU handler of GatherGrad (gather.h has the semantics). Deterministic: every output row
+// sums its dY rows in increasing position order.
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "jaxops/checks.h"
+#include "jaxops/gather.h"
+#include "jaxops/registry.h"
+
+namespace jaxops::gather {
+namespace {
+
+// Accumulates into `acc` ([outer, V, inner] in the accumulation type), then stores dX.
+template <typename T, typename I>
+void run(const View& w, const I* idx, const T* dy, T* dx) {
+  using A = acc_t<T>;
+  const int64_t count = w.outer * w.v * w.inner;
+  std::vector<A> buffer;
+  A* acc;
+  if constexpr (std::is_same_v<T, A>) {
+    acc = dx;  // f32 / f64 accumulate in place
+  } else {
+    buffer.resize(count);
+    acc = buffer.data();
+  }
+  std::fill(acc, acc + count, A(0));
+  for (int64_t o = 0; o < w.outer; ++o)
+    for (int64_t p = 0; p < w.n; ++p) {
+      const int64_t k = wrap_index(static_cast<int64_t>(idx[p]), w.v);
+      if (k < 0) continue;  // out of range: dropped
+      A* out = acc + (o * w.v + k) * w.inner;
+      const int64_t in = (o * w.n + p) * w.inner;
+      for (int64_t i = 0; i < w.inner; ++i) out[i] += load(dy, in + i);
+    }
+  if constexpr (!std::is_same_v<T, A>)
+    for (int64_t j = 0; j < count; ++j) store(dx, j, acc[j]);
+}
+
+ffi::Error gather_grad(ffi::AnyBuffer indices, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dx,
+                       int64_t axis, int64_t v) {
+  const char* op = "gather_grad";
+  if (dy.element_type() != dx->element_type()) return invalid(op, "dY and dX must share one dtype");
+  View w;
+  if (auto err = make_view(dx->dimensions(), axis, v, static_cast<int64_t>(indices.element_count()),
+                           static_cast<int64_t>(dy.element_count()), &w);
+      !err.empty())
+    return invalid(op, err);
+  const auto it = indices.element_type();
+  if (it != ffi::DataType::S32 && it != ffi::DataType::S64)
+    return invalid(op, "indices must be int32 or int64");
+  if (dx->element_count() == 0) return ffi::Error::Success();
+  const bool ok = dispatch_float(dy.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    if (it == ffi::DataType::S32)
+      run<T>(w, indices.reinterpret_data<int32_t>(), dy.reinterpret_data<T>(),
+             dx->reinterpret_data<T>());
+    else
+      run<T>(w, indices.reinterpret_data<int64_t>(), dy.reinterpret_data<T>(),
+             dx->reinterpret_data<T>());
+  });
+  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherGradCpu, gather_grad, bind_args(ffi::Ffi::Bind()));
+JAXOPS_REGISTER("jaxops_gather_grad", GatherGradCpu);
+
+}  // namespace jaxops::gather

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
+from jaxops.ops._args import static_ints
 from jaxops.reference import concat as ref
 
 _DTYPES = tuple(np.dtype(d) for d in (
@@ -181,13 +182,7 @@ def concat_training(*inputs, axis):
 
 def _static_sizes(split, extent, num_outputs):
     """The output extents from ORT's `split` input (static) and the output count."""
-    if isinstance(split, jax.core.Tracer):
-        raise TypeError("split must be static (a tuple, list, numpy or concrete jax array of "
-                        "ints); got a traced value: sizes decide output shapes in JAX")
-    sizes = np.asarray([] if split is None else split)
-    if sizes.ndim != 1 or (sizes.size and not np.issubdtype(sizes.dtype, np.integer)):
-        raise TypeError(f"split must be a 1-D sequence of ints, got {split!r}")
-    sizes = tuple(int(s) for s in sizes)
+    sizes = static_ints([] if split is None else split, "split")
     if num_outputs is not None:
         num_outputs = operator.index(num_outputs)
         if num_outputs < 1:

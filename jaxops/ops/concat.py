@@ -96,7 +96,8 @@ def _split_factors(x, *, sizes, axis):
     axis %= x.ndim
     names = [f"a{k}" for k in range(len(sizes))]
     results = tuple(_dims(x.ndim, axis, n) for n in names)
-    return Factors((_dims(x.ndim, axis, "whole"),), results, tuple(names) + ("whole",))
+    # Shardy wants the replicated factors in order of first appearance
+    return Factors((_dims(x.ndim, axis, "whole"),), results, ("whole",) + tuple(names))
 
 
 def _shape_of(x):
@@ -193,17 +194,20 @@ def _static_sizes(split, extent, num_outputs):
         return sizes
     if num_outputs is None:
         raise ValueError("an empty split needs num_outputs (ORT: the node's output count)")
-    base, extra = divmod(extent, num_outputs)
-    # ORT's shape inference: the first `extra` outputs are one longer
-    return tuple(base + (i < extra) for i in range(num_outputs))
+    if extent % num_outputs:
+        # ORT's kernel refuses this (its schema's shape inference would make the first
+        # outputs one longer, but no output is ever computed that way)
+        raise ValueError(f"an empty split needs the extent {extent} to divide evenly into "
+                         f"num_outputs={num_outputs} parts (ORT refuses it too)")
+    return (extent // num_outputs,) * num_outputs
 
 
 def split_training(input, split, axis=0, num_outputs=None):
     """ORT SplitTraining: `input` cut along `axis` into pieces of extents `split`.
 
     `split` is ORT's int64 input, static here (see the module docstring). An empty `split`
-    (or None) means `num_outputs` equal parts, the first ones one longer when the extent does
-    not divide (ORT's shape inference). Returns a tuple of the pieces.
+    (or None) means `num_outputs` equal parts; an extent that does not divide evenly is an
+    error, as in ORT's kernel. Returns a tuple of the pieces.
     """
     x = jnp.asarray(input)
     try:

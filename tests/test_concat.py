@@ -345,3 +345,21 @@ def test_ort_ops_table():
     ms = "com.microsoft"
     assert ops.ORT_OPS[(ms, "ConcatTraining")] is ops.concat_training
     assert ops.ORT_OPS[(ms, "SplitTraining")] is ops.split_training
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,shapes,axis", [
+    (jnp.float32, [(4096, 1024)] * 8, 1),            # the benchmark shape: many blocks a piece
+    (jnp.bfloat16, [(4096, 512), (4096, 1536)] * 4, 1),
+    (jnp.int8, [(3001, 7), (3001, 1), (3001, 13)], 1),  # 1-byte words
+    (jnp.float32, [(700, 3, 5)] * 200, 1),           # two launches of the piece table
+])
+def test_large_on_gpu(dtype, shapes, axis):
+    key = jax.random.key(0)
+    xs = [jax.random.randint(k, s, -100, 100).astype(dtype)
+          for k, s in zip(jax.random.split(key, len(shapes)), shapes)]
+    out, lengths = ops.concat_training(*xs, axis=axis)
+    assert bool(jnp.all(out == jnp.concatenate(xs, axis=axis)))
+    for a, b in zip(ops.split_training(out, lengths, axis=axis), xs):
+        assert bool(jnp.all(a == b))

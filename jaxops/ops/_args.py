@@ -12,10 +12,11 @@ def static_ints(value, what: str) -> tuple[int, ...]:
     """A 1-D sequence of ints known at trace time (tuple, list, numpy or concrete jax array)
     as a tuple. ORT passes these as int64 tensors, but in JAX they decide output shapes:
     TypeError for a traced value or anything else."""
-    if isinstance(value, jax.core.Tracer):
+    try:
+        ints = np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         raise TypeError(f"{what} must be static (a tuple, list, numpy or concrete jax array of "
-                        "ints); got a traced value: it decides output shapes in JAX")
-    ints = np.asarray(value)
+                        "ints); got a traced value: it decides output shapes in JAX") from None
     if ints.ndim != 1 or (ints.size and not np.issubdtype(ints.dtype, np.integer)):
         raise TypeError(f"{what} must be a 1-D sequence of ints, got {value!r}")
     return tuple(int(i) for i in ints)

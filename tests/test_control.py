@@ -14,8 +14,10 @@ ACC_PAIRS = [(jnp.float32, jnp.float32), (jnp.float32, jnp.float16), (jnp.float1
              (jnp.float16, jnp.float32), (jnp.float32, jnp.bfloat16),
              (jnp.bfloat16, jnp.bfloat16), (jnp.bfloat16, jnp.float32),
              (jnp.float64, jnp.float64)]
-ACC_IDS = [f"{np.dtype(a).name}-{np.dtype(b).name}" for a, b in ACC_PAIRS]
 FLAGS = [None, True, False, "scalar-true", "scalar-false"]
+# every flag form with f32 buffers and values, three with the other dtype pairs
+ACC_CASES = [(p, f) for p in ACC_PAIRS for f in (FLAGS if p == ACC_PAIRS[0] else FLAGS[:2] + FLAGS[4:])]
+ACC_CASE_IDS = [f"{np.dtype(p[0]).name}-{np.dtype(p[1]).name}-{f}" for p, f in ACC_CASES]
 
 
 def _flag(f):
@@ -43,8 +45,7 @@ def test_zero_gradient(rng, dtype, shape):
     np.testing.assert_array_equal(_np(ops.zero_gradient(bad, 0)), 0)
 
 
-@pytest.mark.parametrize("pair", ACC_PAIRS, ids=ACC_IDS)
-@pytest.mark.parametrize("flag", FLAGS, ids=str)
+@pytest.mark.parametrize("pair,flag", ACC_CASES, ids=ACC_CASE_IDS)
 def test_in_place_accumulator(rng, pair, flag):
     t, tg = pair
     old = jnp.asarray(rng.standard_normal((3, 4)), t)
@@ -57,8 +58,7 @@ def test_in_place_accumulator(rng, pair, flag):
     np.testing.assert_array_equal(_np(out), _np(expected))
 
 
-@pytest.mark.parametrize("pair", ACC_PAIRS, ids=ACC_IDS)
-@pytest.mark.parametrize("flag", FLAGS, ids=str)
+@pytest.mark.parametrize("pair,flag", ACC_CASES, ids=ACC_CASE_IDS)
 def test_in_place_accumulator_v2(rng, pair, flag):
     t, tg = pair
     buf = jnp.asarray(rng.standard_normal((4, 3)), t)

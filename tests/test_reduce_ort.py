@@ -11,8 +11,8 @@ ort_oracle = pytest.importorskip("ort_oracle")
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int64],
                          ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("shape,axes", [((2, 3, 4), [1]), ((2, 3, 4), [0, -1]), ((2, 3, 4), []),
-                                        ((7,), [0]), ((3, 5), [-2, 1])], ids=str)
+@pytest.mark.parametrize("shape,axes", [((2, 3, 4), [0, -1]), ((2, 3, 4), []),
+                                        ((3, 5), [-2, 1])], ids=str)
 @pytest.mark.parametrize("attrs", [{}, {"keepdims": 0, "noop_with_empty_axes": 1}], ids=str)
 def test_matches_onnxruntime(rng, dtype, shape, axes, attrs):
     if np.issubdtype(dtype, np.integer):

@@ -89,16 +89,17 @@ def test_grads(rng):
 def test_vmap(rng):
     x = jnp.asarray(rng.standard_normal((5, 3, 2)))
     idx = jnp.asarray(np.stack([rng.choice(6, 3, replace=False) for _ in range(5)]))
-    got = jax.vmap(lambda x, i: ops.pad_and_unflatten(x, i, (3, 2)))(x, idx)
+    got = jax.jit(jax.vmap(lambda x, i: ops.pad_and_unflatten(x, i, (3, 2))))(x, idx)
     for b in range(5):
         np.testing.assert_array_equal(got[b], ops.pad_and_unflatten(x[b], idx[b], (3, 2)))
-    back = jax.vmap(lambda p, i: ops.flatten_and_unpad(p, i)[0])(got, idx)
+    back = jax.jit(jax.vmap(lambda p, i: ops.flatten_and_unpad(p, i)[0]))(got, idx)
     np.testing.assert_array_equal(back, x)
-    shared = jax.vmap(lambda x: ops.pad_and_unflatten(x, idx[0], (3, 2)))(x)  # unbatched idx
+    shared = jax.jit(jax.vmap(lambda x: ops.pad_and_unflatten(x, idx[0], (3, 2))))(x)
     np.testing.assert_array_equal(shared[1], ops.pad_and_unflatten(x[1], idx[0], (3, 2)))
     views = jax.vmap(lambda x: ops.view(x, (2,), (2, 2)))(x)
     np.testing.assert_array_equal(views[1], x.reshape(5, 6)[:, 2:].reshape(5, 2, 2))
-    g = jax.vmap(jax.grad(lambda x, i: jnp.sum(ops.pad_and_unflatten(x, i, (3, 2)) ** 2)))(x, idx)
+    g = jax.jit(jax.vmap(jax.grad(
+        lambda x, i: jnp.sum(ops.pad_and_unflatten(x, i, (3, 2)) ** 2))))(x, idx)
     np.testing.assert_allclose(g, 2 * x)
 
 

@@ -287,12 +287,25 @@ def _short(e: BaseException) -> str:
 
 
 def _rel_err_fn():
-    @jax.jit
-    def err(out, ref):
+    def leaf_err(out, ref):
         ref = ref.astype(jnp.float32)
         d = jnp.max(jnp.abs(out.astype(jnp.float32) - ref))
         return d / jnp.maximum(jnp.max(jnp.abs(ref)), jnp.finfo(jnp.float32).tiny)
+
+    @jax.jit
+    def err(out, ref):  # the worst over the outputs, for ops with several
+        outs, refs = jax.tree.leaves(out), jax.tree.leaves(ref)
+        if len(outs) != len(refs):
+            return jnp.float32(jnp.inf)
+        return jnp.max(jnp.stack([leaf_err(o, r) for o, r in zip(outs, refs)]))
     return err
+
+
+def _torch_to_jax(t):
+    try:
+        return jnp.from_dlpack(t)
+    except Exception:  # no DLPack exchange this way (e.g. a strided view): go through the host
+        return jnp.asarray(t.float().cpu().numpy())
 
 
 def n_input_sets(set_bytes: int, l2: int, quick: bool) -> int:
@@ -352,10 +365,7 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
             call = lambda *a: case.torch(torch, *a)
             out = call(*targs[0])
             torch.cuda.synchronize()
-            try:
-                back = jnp.from_dlpack(out)
-            except Exception:  # no DLPack exchange this way: go through the host
-                back = jnp.asarray(out.float().cpu().numpy())
+            back = jax.tree.map(_torch_to_jax, out)  # a tuple for ops with several outputs
             err = float(err_fn(back, ref))
             del back
             del out

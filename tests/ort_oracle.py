@@ -10,7 +10,14 @@ NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
               np.dtype(np.float64): onnx.TensorProto.DOUBLE,
               np.dtype(np.float16): onnx.TensorProto.FLOAT16,
               np.dtype(np.int32): onnx.TensorProto.INT32,
-              np.dtype(np.int64): onnx.TensorProto.INT64}
+              np.dtype(np.int64): onnx.TensorProto.INT64,
+              np.dtype(np.int8): onnx.TensorProto.INT8,
+              np.dtype(np.int16): onnx.TensorProto.INT16,
+              np.dtype(np.uint8): onnx.TensorProto.UINT8,
+              np.dtype(np.uint16): onnx.TensorProto.UINT16,
+              np.dtype(np.uint32): onnx.TensorProto.UINT32,
+              np.dtype(np.uint64): onnx.TensorProto.UINT64,
+              np.dtype(np.bool_): onnx.TensorProto.BOOL}
 
 
 def run_node(op_type, inputs, out_dtypes=None, domain="com.microsoft", opset=17, **attrs):

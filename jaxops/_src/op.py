@@ -142,13 +142,19 @@ class Op:
     def _ffi_lowering(self, target, ffi_attrs, factors):
         inner = Primitive(f"jaxops_{self.name}_ffi")
         inner.multiple_results = self._multiple
-        inner.def_abstract_eval(self._abstract_eval)
+        # The inner primitive carries the op's params (for its shapes, which may depend on
+        # params the kernel does not take) beside the kernel's attributes.
+        inner.def_abstract_eval(
+            lambda *avals, op_params, **attrs: self._abstract_eval(*avals, **dict(op_params)))
+        ffi_lower = jax.ffi.ffi_lowering(target)
         for platform in available_platforms():
-            mlir.register_lowering(inner, jax.ffi.ffi_lowering(target), platform=platform)
+            mlir.register_lowering(
+                inner, lambda ctx, *args, op_params, **attrs: ffi_lower(ctx, *args, **attrs),
+                platform=platform)
 
         def call_kernel(args, frozen_params):
             params = dict(frozen_params)
-            return inner.bind(*args, **ffi_attrs(*args, **params))
+            return inner.bind(*args, op_params=frozen_params, **ffi_attrs(*args, **params))
 
         # custom_partitioning passes shapes in the pytree of call_kernel's dynamic args: (args,)
         def partition(frozen_params, mesh, arg_shapes, result_shape):

@@ -53,7 +53,7 @@ bool dispatch2(ffi::DataType t, ffi::DataType o, F&& f) {
 
 ffi::Error fwd_impl(const char* op, ffi::AnyBuffer x, ffi::AnyBuffer labels,
                     ffi::Result<ffi::AnyBuffer> nll, ffi::Result<ffi::AnyBuffer> lse,
-                    ffi::AnyBuffer* log_prob) {
+                    ffi::AnyBuffer* log_prob, int64_t out_type) {
   int64_t rows, c;
   if (auto err = check_rows(x, labels, &rows, &c); !err.empty()) return invalid(op, err);
   const ffi::DataType a = acc_dtype(x.element_type());
@@ -61,6 +61,8 @@ ffi::Error fwd_impl(const char* op, ffi::AnyBuffer x, ffi::AnyBuffer labels,
       !is_vec(*lse, rows))
     return invalid(op, "nll and lse must be [rows] in the accumulation dtype");
   if (log_prob && !same_dims(x, *log_prob)) return invalid(op, "log_prob must match logits");
+  if (log_prob && !matches_onnx_type(log_prob->element_type(), out_type))
+    return invalid(op, "log_prob's dtype does not match out_type");
   if (rows == 0) return ffi::Error::Success();
   const ffi::DataType o = log_prob ? log_prob->element_type() : x.element_type();
   bool ok = dispatch2(x.element_type(), o, [&](auto tt, auto oo) {
@@ -74,13 +76,16 @@ ffi::Error fwd_impl(const char* op, ffi::AnyBuffer x, ffi::AnyBuffer labels,
 }
 
 ffi::Error bwd_impl(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::AnyBuffer lse,
-                    ffi::AnyBuffer labels, const ffi::AnyBuffer* bias, ffi::AnyBuffer* d) {
+                    ffi::AnyBuffer labels, const ffi::AnyBuffer* bias, ffi::AnyBuffer* d,
+                    int64_t out_type) {
   int64_t rows, c;
   if (auto err = check_rows(x, labels, &rows, &c); !err.empty()) return invalid(op, err);
   const ffi::DataType a = acc_dtype(x.element_type());
   if (g.element_type() != a || lse.element_type() != a || !is_vec(g, rows) || !is_vec(lse, rows))
     return invalid(op, "g and lse must be [rows] in the accumulation dtype");
   if (!same_dims(x, *d)) return invalid(op, "d_logits must match logits");
+  if (!matches_onnx_type(d->element_type(), out_type))
+    return invalid(op, "d_logits' dtype does not match out_type");
   if (bias && (!same_dims(x, *bias) || bias->element_type() != d->element_type()))
     return invalid(op, "bias must match d_logits in shape and dtype");
   if (d->element_count() == 0) return ffi::Error::Success();
@@ -96,21 +101,23 @@ ffi::Error bwd_impl(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Any
 
 ffi::Error sce_fwd(ffi::AnyBuffer x, ffi::AnyBuffer labels, ffi::Result<ffi::AnyBuffer> nll,
                    ffi::Result<ffi::AnyBuffer> lse) {
-  return fwd_impl("softmax_cross_entropy_rows", x, labels, nll, lse, nullptr);
+  return fwd_impl("softmax_cross_entropy_rows", x, labels, nll, lse, nullptr, 0);
 }
 ffi::Error sce_fwd_log_prob(ffi::AnyBuffer x, ffi::AnyBuffer labels,
                             ffi::Result<ffi::AnyBuffer> nll, ffi::Result<ffi::AnyBuffer> lse,
-                            ffi::Result<ffi::AnyBuffer> log_prob) {
-  return fwd_impl("softmax_cross_entropy_rows_log_prob", x, labels, nll, lse, &*log_prob);
+                            ffi::Result<ffi::AnyBuffer> log_prob, int64_t out_type) {
+  return fwd_impl("softmax_cross_entropy_rows_log_prob", x, labels, nll, lse, &*log_prob,
+                  out_type);
 }
 ffi::Error sce_bwd(ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::AnyBuffer lse, ffi::AnyBuffer labels,
-                   ffi::Result<ffi::AnyBuffer> d) {
-  return bwd_impl("softmax_cross_entropy_rows_grad", g, x, lse, labels, nullptr, &*d);
+                   ffi::Result<ffi::AnyBuffer> d, int64_t out_type) {
+  return bwd_impl("softmax_cross_entropy_rows_grad", g, x, lse, labels, nullptr, &*d, out_type);
 }
 ffi::Error sce_bwd_bias(ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::AnyBuffer lse,
                         ffi::AnyBuffer labels, ffi::AnyBuffer bias,
-                        ffi::Result<ffi::AnyBuffer> d) {
-  return bwd_impl("softmax_cross_entropy_rows_grad_bias", g, x, lse, labels, &bias, &*d);
+                        ffi::Result<ffi::AnyBuffer> d, int64_t out_type) {
+  return bwd_impl("softmax_cross_entropy_rows_grad_bias", g, x, lse, labels, &bias, &*d,
+                  out_type);
 }
 
 }  // namespace

@@ -62,7 +62,8 @@ JAXOPS_HD A grad(A g, A x, A lse, bool is_label) {
 }
 
 // FFI signatures both platforms share, appended to a binding (the CUDA one starts with its
-// stream). No attributes: everything is in the operands' dtypes and shapes.
+// stream). out_type: the ONNX TensorProto type of log_prob / d (1 f32, 10 f16, 11 f64,
+// 16 bf16), checked against the buffer (Python derives the output shapes from it).
 //   forward:  (x [R,C], labels i32 [R]) -> (nll [R], lse [R] [, log_prob [R,C]])
 //   backward: (g [R], x [R,C], lse [R], labels i32 [R] [, bias [R,C]]) -> d [R,C]
 // nll, lse and g are f64 for f64 logits and f32 otherwise; log_prob, bias and d have any
@@ -74,17 +75,18 @@ template <typename Binding> auto bind_fwd(Binding b) {
 template <typename Binding> auto bind_fwd_log_prob(Binding b) {
   return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>();
+      .template Ret<ffi::AnyBuffer>().template Attr<int64_t>("out_type");
 }
 template <typename Binding> auto bind_bwd(Binding b) {
   return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>();
+      .template Ret<ffi::AnyBuffer>().template Attr<int64_t>("out_type");
 }
 template <typename Binding> auto bind_bwd_bias(Binding b) {
   return std::move(b).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>();
+      .template Arg<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Attr<int64_t>("out_type");
 }
 
 // Shape checks shared by both platforms; an empty string when valid.
@@ -102,6 +104,16 @@ inline std::string check_rows(const ffi::AnyBuffer& x, const ffi::AnyBuffer& lab
 
 inline bool is_vec(const ffi::AnyBuffer& b, int64_t rows) {
   return b.dimensions().size() == 1 && b.dimensions()[0] == rows;
+}
+
+inline bool matches_onnx_type(ffi::DataType t, int64_t onnx) {
+  switch (onnx) {
+    case 1: return t == ffi::DataType::F32;
+    case 10: return t == ffi::DataType::F16;
+    case 11: return t == ffi::DataType::F64;
+    case 16: return t == ffi::DataType::BF16;
+    default: return false;
+  }
 }
 
 inline ffi::DataType acc_dtype(ffi::DataType t) {

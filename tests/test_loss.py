@@ -1,5 +1,6 @@
 """Softmax cross-entropy losses (ORT ops) and jaxops.nn.cross_entropy."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,14 +14,14 @@ from jaxops import ops
 from jaxops.reference import loss as ref
 from helpers import DTYPE_IDS, FLOAT_DTYPES, assert_close, on_cpu_devices
 
-SHAPES = [(5, 7), (4, 6, 3), (2, 5, 3, 2), (1, 1), (3, 1001)]
+SHAPES = [(5, 7), (2, 5, 3, 2), (1, 1), (3, 1001)]
 REDUCTIONS = ["mean", "sum", "none"]
 # (weights?, ignore_index, reduction): ignore_index 2 is a real class, so some samples are
 # ignored; every reduction meets weights and ignore_index
-VARIANTS = [(False, None, "mean"), (True, None, "sum"), (True, 2, "mean"), (False, -100, "sum"),
-            (True, 2, "none"), (False, None, "none")]
-VARIANT_IDS = ["plain-mean", "weights-sum", "weights-ignore2-mean", "ignore-100-sum",
-               "weights-ignore2-none", "plain-none"]
+VARIANTS = [(False, None, "mean"), (True, 2, "mean"), (False, -100, "sum"), (True, 2, "none")]
+VARIANT_IDS = ["plain-mean", "weights-ignore2-mean", "ignore-100-sum", "weights-ignore2-none"]
+# (weighted, reduction) pairs for the smaller matrices
+WEIGHTED_REDUCTIONS = [(False, "mean"), (True, "sum"), (True, "none")]
 
 
 def make(rng, shape, dtype, weights, ignore_index, label_dtype=jnp.int64):
@@ -172,8 +173,7 @@ def test_internal_ops(rng, dtype, out_type, out_dtype, reduction):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", [(6, 5), (2, 3, 7), (4, 1001)], ids=str)
-@pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weighted,reduction", WEIGHTED_REDUCTIONS)
 def test_sparse(rng, dtype, shape, weighted, reduction):
     x = jnp.asarray(rng.standard_normal(shape) * 2, dtype)
     l = jnp.asarray(rng.integers(0, shape[-1], shape[:-1]))
@@ -245,8 +245,7 @@ def test_label_dtypes_agree(rng):
 VMAP_AXES = [(0, 0, None), (None, 0, None), (0, None, None), (1, 1, None), (0, 0, 0), (None, None, 0)]
 
 
-@pytest.mark.parametrize("in_axes", VMAP_AXES, ids=str)
-@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("in_axes,reduction", zip(VMAP_AXES, REDUCTIONS * 2), ids=str)
 def test_vmap(rng, in_axes, reduction):
     b = 3
     s, l, w = make(rng, (4, 5, 2), jnp.float64, True, 1)
@@ -267,25 +266,20 @@ def test_vmap(rng, in_axes, reduction):
     # the gradient op and nn.cross_entropy under vmap too
     dy = jnp.ones(l.shape) if reduction == "none" else jnp.float64(0.7)
     gfn = lambda f: lambda lp, l, w: f(dy, lp, l, w, reduction=reduction, ignore_index=1)
-    lp_b = got[1] if in_axes[0] is not None else got[1]
-    axes = (0 if in_axes[0] is not None or in_axes[1] is not None or in_axes[2] is not None
-            else None, in_axes[1], in_axes[2])
+    lp_b = got[1]  # batched on axis 0 (every pattern batches something)
     np.testing.assert_allclose(
-        jax.vmap(gfn(ops.softmax_cross_entropy_loss_grad), (0,) + in_axes[1:])(lp_b, args[1], args[2]),
-        jax.vmap(gfn(ref.softmax_cross_entropy_loss_grad), (0,) + in_axes[1:])(lp_b, args[1], args[2]),
+        jax.vmap(gfn(ops.softmax_cross_entropy_loss_grad), (0,) + in_axes[1:])(lp_b, *args[1:]),
+        jax.vmap(gfn(ref.softmax_cross_entropy_loss_grad), (0,) + in_axes[1:])(lp_b, *args[1:]),
         rtol=1e-12, atol=1e-12)
-    del axes
 
 
 @pytest.mark.parametrize("in_axes", [(0, 0), (0, None), (None, 0)], ids=str)
 def test_vmap_of_grad(rng, in_axes):
-    s, l, _ = make(rng, (3, 4, 6), jnp.float64, False, 2)  # [batch=3, rows=4, C=6]
-    s, l = s, l[:, :4] if l.ndim > 1 else l
+    s = jnp.asarray(rng.standard_normal((3, 4, 6)))  # [batch, rows, C]
     l = jnp.asarray(rng.integers(0, 6, (3, 4))).at[0, 1].set(-100)
     args = (s if in_axes[0] == 0 else s[0], l if in_axes[1] == 0 else l[0])
     for f in (lambda x, l: jaxops.nn.cross_entropy(x, l, ignore_index=-100),
-              lambda x, l: ops.softmax_cross_entropy_loss(jnp.swapaxes(x, 0, 1)[None].reshape(
-                  1, 6, 4), l[None], ignore_index=-100)[0]):
+              lambda x, l: ops.softmax_cross_entropy_loss(x, l, ignore_index=-100)[0]):
         got = jax.vmap(jax.grad(f), in_axes)(*args)
         ref_f = lambda x, l: ref.cross_entropy(x, l, None, -100)
         want = jax.vmap(jax.grad(ref_f), in_axes)(*args)
@@ -323,8 +317,7 @@ def test_check_grads_order2(rng, case):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weighted,reduction", WEIGHTED_REDUCTIONS)
 def test_nn_cross_entropy(rng, dtype, weighted, reduction):
     x = jnp.asarray(rng.standard_normal((3, 7, 33)) * 2, dtype)
     l = jnp.asarray(rng.integers(0, 33, (3, 7)))
@@ -335,12 +328,13 @@ def test_nn_cross_entropy(rng, dtype, weighted, reduction):
     e = f(ref.cross_entropy)(f64(x), f64(w))
     assert y.dtype == dtype and y.shape == (l.shape if reduction == "none" else ())
     assert_close(y, e, dtype, ulps=32)
-    loss = lambda impl: lambda x, w: jnp.sum(jnp.cos(f(impl)(x, w).astype(jnp.float32)))
+    ct = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)  # a linear probe
+    loss = lambda impl: lambda x, w: jnp.sum(f(impl)(x, w).astype(jnp.float32) * ct)
     gx, gw = jax.grad(loss(jaxops.nn.cross_entropy), (0, 1))(x, w) if weighted else \
         (jax.grad(loss(jaxops.nn.cross_entropy))(x, w), None)
     ex = jax.grad(loss(ref.cross_entropy))(f64(x), f64(w))
     assert gx.dtype == dtype
-    assert_close(gx, ex, dtype, ulps=64)  # cos' of a loss rounded to dtype
+    assert_close(gx, ex, dtype, ulps=32)
     if weighted:
         ew = jax.grad(loss(ref.cross_entropy), 1)(f64(x), f64(w))
         assert_close(gw, ew, dtype, ulps=64)
@@ -353,10 +347,9 @@ def test_nn_cross_entropy_backward_never_writes_log_prob(rng):
     jaxpr = str(jax.make_jaxpr(grad)(x))
     assert "jaxops_softmax_cross_entropy_rows " in jaxpr
     assert "jaxops_softmax_cross_entropy_rows_grad" in jaxpr
-    assert "log_prob" not in jaxpr and "exp" not in jaxpr.replace("expand", "")
-    # residuals: nothing [rows, C]-sized besides the logits themselves
-    hlo = jax.jit(grad).lower(x).compile().as_text()
-    assert hlo.count("f32[8,50]") <= 3  # parameter, kernel output, result
+    # the only [rows, C] values are the logits and the gradient kernel's output (reshaped)
+    producers = set(re.findall(r":f32\[8,50\] = ([\w]+)", jaxpr))
+    assert producers <= {"jaxops_softmax_cross_entropy_rows_grad", "reshape"}, producers
 
 
 @pytest.mark.parametrize("spec", [P("x"), P("x", None, None)], ids=str)
@@ -468,7 +461,7 @@ def test_ort_ops_table():
 
 
 # Long rows, aligned and not: the CUDA kernels' vector and scalar paths, several block sizes
-LARGE = [(4, 50304), (3, 32001), (64, 4096), (2, 130), (33, 7)]
+LARGE = [(2, 50304), (3, 32001), (33, 7)]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])

@@ -1,5 +1,6 @@
 // CPU handlers of the softmax cross-entropy row kernels (loss.h): forward (nll, lse and
 // optionally log_prob) and backward (d_logits, optionally plus a bias).
+#include <cmath>
 #include <string>
 
 #include "jaxops/checks.h"
@@ -9,15 +10,25 @@
 namespace jaxops::loss {
 namespace {
 
+// Two sweeps over a row (max, then the sum of exponentials, added in f64 so that long rows
+// keep f32 accuracy); the CUDA kernel merges the same quantities online in one read.
 template <typename T, typename O>
 void forward(int64_t rows, int64_t c, const T* x, const int32_t* labels, acc_t<T>* nll_out,
              acc_t<T>* lse_out, O* log_prob) {
   using A = acc_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * c;
-    MaxSum<A> ms = MaxSum<A>::empty();
-    for (int64_t k = 0; k < c; ++k) ms.add(load(xr, k));
-    const A lse = ms.lse();
+    A m = -INFINITY;
+    bool nan = false;
+    for (int64_t k = 0; k < c; ++k) {
+      const A v = load(xr, k);
+      m = v > m ? v : m;
+      nan |= v != v;
+    }
+    double s = 0;
+    if (m != A(-INFINITY))
+      for (int64_t k = 0; k < c; ++k) s += double(exp_(load(xr, k) - m));
+    const A lse = nan ? A(NAN) : m == A(-INFINITY) ? m : A(double(m) + std::log(s));
     const int32_t l = labels[r];
     lse_out[r] = lse;
     nll_out[r] = in_range(l, c) ? lse - load(xr, l) : A(0);

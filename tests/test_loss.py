@@ -245,7 +245,7 @@ def test_label_dtypes_agree(rng):
 VMAP_AXES = [(0, 0, None), (None, 0, None), (0, None, None), (1, 1, None), (0, 0, 0), (None, None, 0)]
 
 
-@pytest.mark.parametrize("in_axes,reduction", zip(VMAP_AXES, REDUCTIONS * 2), ids=str)
+@pytest.mark.parametrize("in_axes,reduction", list(zip(VMAP_AXES, REDUCTIONS * 2)), ids=str)
 def test_vmap(rng, in_axes, reduction):
     b = 3
     s, l, w = make(rng, (4, 5, 2), jnp.float64, True, 1)

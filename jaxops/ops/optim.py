@@ -131,6 +131,8 @@ def _adamw_shape(lr, step, signal, *tensors, count, **attrs):
     _one(signal, "update_signal", (jnp.bool_,), "bool")
     if attrs["adam_mode"] not in (0, 1):
         raise ValueError(f"adam_mode must be 0 or 1, got {attrs['adam_mode']}")
+    if attrs["adam_mode"] == 0 and attrs["correct_bias"] != 1:
+        raise ValueError("correct_bias must be 1 for adam_mode 0 (as ORT requires)")
     lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
     _check_lists(["weights", "gradients", "momentums_1", "momentums_2"], lists)
     flag = jax.ShapeDtypeStruct(step.shape, jnp.bool_)
@@ -184,7 +186,8 @@ def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, upda
     """ORT AdamWOptimizer over lists of tensors: (updated_flag, weights, momentums_1, momentums_2).
 
     `step` is used as given: ORT's step is 1-based and the op does NOT increment it (the caller
-    does); step 0 with correct_bias=1 divides by zero (NaN), as in ORT. adam_mode 0 is
+    does); step 0 with correct_bias=1 divides by zero (NaN), as in ORT. correct_bias=0 needs
+    adam_mode 1 (ORT refuses it with mode 0). adam_mode 0 is
     PyTorch's AdamW (decay w by lr*weight_decay first, bias-corrected denominator
     sqrt(m2)/sqrt(1-beta^step) + eps); adam_mode 1 is HuggingFace's (step size
     lr*sqrt(1-beta^step)/(1-alpha^step), eps added to the uncorrected sqrt(m2), decay applied

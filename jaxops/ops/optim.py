@@ -17,6 +17,7 @@ Sequence inputs are Python lists of arrays; sequence outputs are lists.
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxops._src.op import Factors, Op
 from jaxops.reference import optim as ref
@@ -80,14 +81,32 @@ def _signal(update_signal):
 
 # ---- multi-tensor kernels: flat operands (scalars..., list 0..., list 1..., ...) ----------------
 
+class _ListFactors(Factors):
+    """Factors of independent tensors: each tensor (its copies in every list and its results)
+    keeps the first sharding one of its operands has, whatever mesh axes the other tensors
+    use (Factors' own assignment gives a mesh axis to one factor of the whole op)."""
+
+    def shardings(self, mesh, operand_shardings):
+        specs = {}
+        for dims, sharding in zip(self.operands, operand_shardings):
+            spec = tuple(getattr(sharding, "spec", ()))
+            if dims and not dims[0].startswith("s") and dims not in specs and any(spec):
+                specs[dims] = spec[:len(dims)]
+
+        def sharding_of(dims):
+            return NamedSharding(mesh, PartitionSpec(*specs.get(dims, ())))
+
+        return [sharding_of(d) for d in self.operands], [sharding_of(d) for d in self.results]
+
+
 def _tensor_factors(args, n_scalars, count, n_lists, results):
     """Factors of a flat multi-tensor op: scalar operands replicated, tensor i's dims shared by
     every list; results: `results` = (flag dims-of operand index, number of result lists)."""
     scalars = [tuple(f"s{k}_{d}" for d in range(args[k].ndim)) for k in range(n_scalars)]
     tensors = [tuple(f"t{i}_{d}" for d in range(args[n_scalars + i].ndim)) for i in range(count)]
     flag_of, out_lists = results
-    return Factors(tuple(scalars) + tuple(tensors) * n_lists,
-                   (scalars[flag_of],) + tuple(tensors) * out_lists)
+    return _ListFactors(tuple(scalars) + tuple(tensors) * n_lists,
+                        (scalars[flag_of],) + tuple(tensors) * out_lists)
 
 
 def _batch_multi(n_scalars, n_lists, out_lists):
@@ -286,7 +305,7 @@ def adam_optimizer(R, T, weights, gradients, moment_1, moment_2, mixed_precision
 
 
 def _per_group(value, n, name):
-    value = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value]
+    value = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * n
     if len(value) < n:
         raise ValueError(f"{name} has {len(value)} values for {n} groups")
     return [float(v) for v in value[:n]]

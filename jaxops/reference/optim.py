@@ -5,6 +5,7 @@ in f32 (f64 for f64 inputs); results are cast back to their input's dtype. Seque
 lists; results are returned as ORT orders them (lists for sequence outputs).
 """
 import jax.numpy as jnp
+import numpy as np
 
 from jaxops.reference.scaling import acc_dtype
 
@@ -33,7 +34,8 @@ def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, upda
     new_w, new_m1, new_m2 = [], [], []
     for w, g, m1, m2 in zip(weights, gradients, momentums_1, momentums_2):
         a = acc_dtype(w.dtype)
-        al, be, ep, wd = (jnp.asarray(v, a) for v in (alpha, beta, epsilon, weight_decay))
+        # ORT's attributes are float32: round them as the kernels receive them
+        al, be, ep, wd = (jnp.asarray(np.float32(v), a) for v in (alpha, beta, epsilon, weight_decay))
         r = _scalar(lr).astype(a)
         s = _scalar(step).astype(a)
         bias1 = 1 - al ** s if correct_bias else jnp.asarray(1, a)

@@ -441,3 +441,97 @@ def test_ort_ops_table():
                         ("LambOptimizer", ops.lamb_optimizer),
                         ("InplaceClipGradNorm", ops.inplace_clip_grad_norm)]:
         assert ops.ORT_OPS[(ms, op_type)] is fn
+
+
+# ---- the LAMB kernel (f32 weights and moments) against the reference ------------------------
+
+def _lamb_groups(rng, gdtype, shapes=((4, 3), (7,), (0,), (2, 2))):
+    groups = []
+    for s in shapes:
+        w, g, m1, m2 = (x[0] for x in make_lists(rng, shapes=[s], gdtype=gdtype))
+        groups.append((w, g, m1, m2, None))
+    return groups
+
+
+def _lamb_both(groups, *scalars, **kw):
+    flat = [x for grp in groups for x in grp]
+    got = ops.lamb_optimizer(*scalars, *flat, **kw)
+    n = len(groups)
+    per = {k: [kw.get(k, d)] * n if not isinstance(kw.get(k, d), list) else kw[k]
+           for k, d in (("alpha", 0.9), ("beta", 0.999), ("epsilon", 1e-6),
+                        ("max_norm_clip", 1.0), ("lambda", 0.0))}
+    _, outs = ref.lamb_optimizer(*scalars, groups, alpha=per["alpha"], beta=per["beta"],
+                                 lambda_=per["lambda"], epsilon=per["epsilon"],
+                                 max_norm_clip=per["max_norm_clip"],
+                                 ratio_min=kw.get("ratio_min", -np.inf),
+                                 ratio_max=kw.get("ratio_max", np.inf))
+    return got, [x for grp in outs for x in grp]
+
+
+@pytest.mark.parametrize("gdtype", [jnp.float32, jnp.float16, jnp.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("scalars,kw", [
+    ((None, None, None, 0.1, 3), {}),
+    ((None, 2.0, 40.0, 0.1, 3), {"ratio_min": 0.05, "ratio_max": 0.07, "lambda": 0.01}),
+    ((True, 4.0, 1.0, 0.1, None), {"lambda": [0.0, 0.1, 0.2, 0.3], "epsilon": 1e-4}),
+    ((False, None, None, 0.1, 3), {}),
+], ids=["plain", "scaled-clipped-clamped", "no-step", "signal-off"])
+def test_lamb_kernel_matches_reference(rng, gdtype, scalars, kw):
+    groups = _lamb_groups(rng, gdtype)
+    conv = [None if x is None else jnp.asarray(x, jnp.float32 if isinstance(x, float) else None)
+            for x in scalars]
+    got, expected = _lamb_both(groups, *conv, **kw)
+    assert (got[0] is None) == (scalars[4] is None)
+    if scalars[4] is not None:
+        assert int(got[0]) == (3 if scalars[0] is False else 4)
+    for a, e in zip(got[1:], expected):
+        if e is None:
+            assert a is None
+            continue
+        assert a.dtype == e.dtype and a.shape == e.shape
+        assert_close(a, e, e.dtype, ulps=8)  # the norms sum in a different order
+    if scalars[0] is False:
+        np.testing.assert_array_equal(got[1], groups[0][0])
+
+
+def test_lamb_kernel_nonfinite_and_mixed_precision_copy():
+    w = jnp.asarray([1.0, 2.0, 3.0], jnp.float32)
+    g = jnp.asarray([0.5, jnp.inf, -1.0], jnp.float32)
+    m = jnp.asarray([0.1, 0.1, 0.1], jnp.float32)
+    got = ops.lamb_optimizer(None, None, None, jnp.float32(0.1), jnp.asarray(2), w, g, m, m,
+                             w.astype(jnp.float16))
+    assert got[3][1] == m[1] and float(got[2][1]) == 0  # d = 0: moments kept, no delta
+    assert float(got[1][1]) == 2.0  # ... so that weight does not move
+    np.testing.assert_array_equal(got[5], got[1].astype(jnp.float16))
+
+
+def test_lamb_kernel_donation_and_vmap(rng):
+    groups = _lamb_groups(rng, jnp.float32, shapes=((8,), (3, 3)))
+    flat = [x for grp in groups for x in grp]
+    lr, step = jnp.float32(0.1), jnp.asarray(1)
+    expected = ops.lamb_optimizer(None, None, None, lr, step, *flat)
+    fn = jax.jit(lambda *f: ops.lamb_optimizer(None, None, None, lr, step, *f))
+    compiled = fn.lower(*flat).compile().as_text()
+    assert "jaxops_lamb_optimizer" in compiled and "output_to_operand_aliasing" in compiled
+    for a, e in zip(fn(*flat), expected):
+        if e is not None:
+            np.testing.assert_array_equal(a, e)
+    # vmap over a batch of first weights: each batch member has its own trust ratio
+    ws = jnp.stack([groups[0][0], 2 * groups[0][0]])
+    out = jax.vmap(lambda w: ops.lamb_optimizer(None, None, None, lr, step, w, *flat[1:])[1])(ws)
+    one = ops.lamb_optimizer(None, None, None, lr, step, ws[1], *flat[1:])[1]
+    assert_close(out[1], one, jnp.float32, ulps=4)
+
+
+def test_lamb_kernel_sharded_stays_correct(rng):
+    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
+    groups = _lamb_groups(rng, jnp.float32, shapes=((8, 4), (8,)))
+    sh = NamedSharding(mesh, P("x"))
+    flat = [None if x is None else jax.device_put(x, sh) for grp in groups for x in grp]
+    fn = jax.jit(lambda *f: ops.lamb_optimizer(None, None, None, jnp.float32(0.1),
+                                               jnp.asarray(1), *f)[1:])
+    got = fn(*flat)
+    expected = ops.lamb_optimizer(None, None, None, jnp.float32(0.1), jnp.asarray(1),
+                                  *[x for grp in groups for x in grp])[1:]
+    for a, e in zip(got, expected):
+        if e is not None:
+            assert_close(a, e, jnp.float32, ulps=2)

@@ -7,10 +7,9 @@ updated lists alias the input lists, so a caller who donates the buffers
 (`jax.jit(..., donate_argnums=...)`) updates them in place. lr, step and update_signal stay on
 the device: the kernel reads them itself.
 
-AdamOptimizer and SGDOptimizer update one tensor per node, and LambOptimizer and
-InplaceClipGradNorm are XLA code for now: XLA fuses a single-tensor elementwise update into one
-kernel, and the norms + update of LAMB / clipping are reductions that XLA handles per tensor
-(see the report in docs/optim.md for where a multi-tensor kernel would still win).
+LambOptimizer runs a multi-tensor kernel too (two launches per step: norms, then the update).
+AdamOptimizer and SGDOptimizer update one tensor per node and InplaceClipGradNorm is a norm
+plus one scale: XLA code, which fuses each into a loop or two per tensor.
 
 Sequence inputs are Python lists of arrays; sequence outputs are lists.
 """
@@ -199,6 +198,60 @@ _SGD_V2 = Op("sgd_optimizer_v2", shape=_sgd_shape, reference=_sgd_ref,
              factors=lambda *a, count: _tensor_factors(a, 2, count, 2, (0, 1)))
 
 
+# LAMB: operands (signal, loss_scale, norm, R, step, hyper [count, 5], w..., g..., m1..., m2...)
+#   -> (new_step, w..., new_g..., m1..., m2...); f32 weights and moments, one gradient dtype.
+def _lamb_shape(signal, loss_scale, norm, lr, step, hyper, *tensors, count, **attrs):
+    _one(signal, "update_signal", (jnp.bool_,), "bool")
+    for x, label in ((loss_scale, "loss_scale"), (norm, "gradient_norm"), (lr, "R")):
+        _one(x, label, (jnp.float32,), "float32")
+    _one(step, "step", _INTS, "int64 (or int32)")
+    if hyper.shape != (count, 5) or hyper.dtype != jnp.float32:
+        raise ValueError(f"hyper must be float32 [{count}, 5], got {hyper.dtype}{hyper.shape}")
+    lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
+    _check_lists(["weights", "gradients", "moment1", "moment2"], lists)
+    if count and lists[0][0].dtype != jnp.float32:
+        raise TypeError(f"the LAMB kernel takes float32 weights, got {lists[0][0].dtype}")
+    return (jax.ShapeDtypeStruct(step.shape, step.dtype),
+            *[jax.ShapeDtypeStruct(x.shape, x.dtype) for xs in lists for x in xs])
+
+
+def _lamb_ref(signal, loss_scale, norm, lr, step, hyper, *tensors, count, ratio_min, ratio_max,
+              do_bias_correction, has_step, has_norm):
+    lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
+    groups = [(w, g, m1, m2, None) for w, g, m1, m2 in zip(*lists)]
+    cols = [[hyper[i, k] for i in range(count)] for k in range(5)]
+    new_step, outs = ref.lamb_optimizer(
+        signal, loss_scale, norm if has_norm else None, lr, step if has_step else None, groups,
+        alpha=cols[0], beta=cols[1], lambda_=cols[2], epsilon=cols[3], max_norm_clip=cols[4],
+        ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
+    if not has_step:
+        new_step = step
+    return (new_step, *[o[k] for k in range(4) for o in outs])
+
+
+def _lamb_batch(op, args, dims, **params):
+    # the trust ratio is a norm over the whole tensor: a batch dim cannot join the kernel's
+    # tensors, so vmap runs the reference
+    out = jax.vmap(lambda *a: op.reference(*a, **params), in_axes=tuple(dims))(*args)
+    return out, (0,) * len(out)
+
+
+def _lamb_factors(*args, count, **params):
+    # norms need whole tensors: every tensor dim stays replicated
+    f = _tensor_factors(args, 6, count, 4, (4, 4))
+    return Factors(f.operands, f.results, tuple(dict.fromkeys(n for d in f.operands[6:] for n in d)))
+
+
+_LAMB = Op("lamb_optimizer", shape=_lamb_shape, reference=_lamb_ref, batch=_lamb_batch,
+           target="jaxops_lamb_optimizer", multiple_results=True,
+           ffi_attrs=lambda *a, count, ratio_min, ratio_max, do_bias_correction, has_step,
+           has_norm: {"count": np.int64(count), "ratio_min": np.float32(ratio_min),
+                      "ratio_max": np.float32(ratio_max),
+                      "do_bias_correction": np.int64(do_bias_correction),
+                      "has_step": np.int64(has_step), "has_norm": np.int64(has_norm)},
+           aliases=_aliases(6, (0, 1, 2, 3)), factors=_lamb_factors)
+
+
 def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, update_signal=None,
                     *, alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.01, correct_bias=1,
                     adam_mode=0):
@@ -327,7 +380,10 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, a
     except where that is not finite (w kept, new gradient 0); new_gradients is the applied
     delta. new_step = step + 1 (when step is given). update_signal False passes everything
     through and keeps step.
-    XLA code for now (per-tensor norms, then an elementwise update).
+    f32 weights and moments with one gradient dtype (f32/f16/bf16) for all groups run the
+    multi-tensor kernel (two launches: per-chunk norm partials, then the update; deterministic);
+    other dtype mixes, and vmap, run the reference as XLA code. Sharded tensors are gathered:
+    the trust ratio needs each tensor's whole norm.
     """
     lam = kwargs.pop("lambda", 0.0)
     if kwargs:
@@ -363,11 +419,41 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, a
         al, be, la, ep, mx = check()
     except (TypeError, ValueError) as e:
         raise _error("lamb_optimizer", e) from None
+    kw = dict(ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
+    if _lamb_kernel_fits(groups, R, loss_scale, gradient_norm):
+        return _lamb_kernel(update_signal, loss_scale, gradient_norm, R, step, groups,
+                            np.stack([al, be, la, ep, mx], axis=1).astype(np.float32), **kw)
     new_step, outs = ref.lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, groups,
                                         alpha=al, beta=be, lambda_=la, epsilon=ep,
-                                        max_norm_clip=mx, ratio_min=ratio_min,
-                                        ratio_max=ratio_max, do_bias_correction=do_bias_correction)
+                                        max_norm_clip=mx, **kw)
     return (new_step, *[x for group in outs for x in group])
+
+
+def _lamb_kernel_fits(groups, *scalars):
+    """The kernel takes f32 weights and moments and one gradient dtype for all groups."""
+    if not groups or any(x is not None and x.dtype == jnp.float64 for x in scalars):
+        return False
+    g_types = {g[1].dtype for g in groups}
+    return (all(x.dtype == jnp.float32 for g in groups for x in (g[0], g[2], g[3]))
+            and len(g_types) == 1 and g_types <= {jnp.dtype(t) for t in _FLOATS[:3]})
+
+
+def _lamb_kernel(signal, loss_scale, norm, R, step, groups, hyper, **kw):
+    count = len(groups)
+    f32 = lambda x, default: jnp.reshape(jnp.asarray(default if x is None else x, jnp.float32), (1,))
+    step_in = jnp.zeros((1,), jnp.int32) if step is None else step
+    out = _LAMB(_signal(signal), f32(loss_scale, 1.0), f32(norm, 0.0), f32(R, 0.0), step_in,
+                jnp.asarray(hyper), *[g[k] for k in range(4) for g in groups], count=count,
+                has_step=int(step is not None), has_norm=int(norm is not None), **kw)
+    new_step = None if step is None else out[0]
+    lists = [out[1 + k * count:1 + (k + 1) * count] for k in range(4)]
+    flat = []
+    for i, (w, g, m1, m2, mpw) in enumerate(groups):
+        new_mpw = None
+        if mpw is not None:  # the low-precision copy follows the updated weights
+            new_mpw = jnp.where(_signal(signal).reshape(()), lists[0][i].astype(mpw.dtype), mpw)
+        flat += [lists[0][i], lists[1][i], lists[2][i], lists[3][i], new_mpw]
+    return (new_step, *flat)
 
 
 def inplace_clip_grad_norm(gradients, *, max_norm=1.0, norm_type="fro"):

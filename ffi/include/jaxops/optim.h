@@ -1,4 +1,4 @@
-// Multi-tensor optimizer math (AdamWOptimizer, SGDOptimizerV2), written once for the CPU
+// Multi-tensor optimizer math (AdamWOptimizer, SGDOptimizerV2, LambOptimizer), written once for the CPU
 // handler and the CUDA kernel. One call updates every tensor of the parameter list.
 //
 // The scalar inputs (lr, step, update_signal) stay in device memory on GPU: the kernel reads
@@ -52,6 +52,69 @@ struct AdamW {
       w -= (lr * JAXOPS_SQRT(bias2) / bias1) * (m1 / denom);
       if (wd > A(0)) w -= lr * wd * w;  // decay last
     }
+  }
+};
+
+// ORT LambOptimizer, one group (tensor): the direction d and the trust-ratio step.
+template <typename A>
+struct Lamb {
+  A alpha, beta, lambda, eps, lr;
+  A ratio_min, ratio_max;
+  A grad_scale = 1;        // the divisor of the gradient (loss scale or norm / max_norm_clip)
+  A bias1 = 1, bias2 = 1;  // 1 - alpha^step, 1 - beta^step (1 without correction or step <= 0)
+
+  JAXOPS_HD void set_step(int64_t step) {
+    if (step > 0) {
+      bias1 = A(1) - JAXOPS_POW(alpha, A(step));
+      bias2 = A(1) - JAXOPS_POW(beta, A(step));
+    }
+  }
+
+  // Loss scale s (1 when absent); a global norm above s * max_norm_clip divides by
+  // norm / max_norm_clip instead.
+  JAXOPS_HD void set_grad_scale(A loss_scale, bool has_norm, A norm, A max_norm_clip) {
+    grad_scale = loss_scale;
+    if (has_norm && norm / loss_scale > max_norm_clip) grad_scale = norm / max_norm_clip;
+  }
+
+  // d from one element; m1, m2 become the new moments. A non-finite d is 0 and keeps the moments.
+  JAXOPS_HD A direction(A w, A g, A& m1, A& m2) const {
+    g = g / grad_scale;
+    const A n1 = alpha * m1 + (A(1) - alpha) * g;
+    const A n2 = beta * m2 + (A(1) - beta) * g * g;
+    const A d = lambda * w + (n1 / bias1) / (JAXOPS_SQRT(n2 / bias2) + eps);
+#if defined(__CUDA_ARCH__)
+    const bool finite = isfinite(d);
+#else
+    const bool finite = std::isfinite(d);
+#endif
+    if (!finite) return A(0);
+    m1 = n1;
+    m2 = n2;
+    return d;
+  }
+
+  // lr * clip(||w|| / ||d||, ratio_min, ratio_max), or lr when either norm is 0.
+  JAXOPS_HD A ratio(A w_norm, A d_norm) const {
+    if (w_norm == A(0) || d_norm == A(0)) return lr;
+    A r = w_norm / d_norm;
+    r = r < ratio_min ? ratio_min : r;
+    r = r > ratio_max ? ratio_max : r;
+    return lr * r;
+  }
+
+  // w += -ratio * d unless that is not finite (w kept, new gradient 0); returns the new gradient.
+  JAXOPS_HD A apply(A& w, A d, A ratio) const {
+    const A delta = -ratio * d;
+    const A next = w + delta;
+#if defined(__CUDA_ARCH__)
+    const bool finite = isfinite(next);
+#else
+    const bool finite = std::isfinite(next);
+#endif
+    if (!finite) return A(0);
+    w = next;
+    return delta;
   }
 };
 
@@ -131,6 +194,45 @@ auto bind_sgd(Binding b) {
       .template Ret<ffi::AnyBuffer>()
       .RemainingRets()
       .template Attr<int64_t>("count");
+}
+
+// LambOptimizer (f32 weights and moments; gradients f32/f16/bf16):
+// (update_signal, loss_scale, gradient_norm, R, step, hyper, weights..., grads..., m1..., m2...)
+//   -> (new_step, weights..., new_gradients..., m1..., m2...)
+// loss_scale, gradient_norm, R: one f32 each; step: one int32/int64; hyper: f32 [count, 5], per
+// tensor (alpha, beta, lambda, epsilon, max_norm_clip) (an operand: a per-tensor attribute
+// array would not fit JAX's hashable primitive params).
+enum LambHyper { kAlpha, kBeta, kLambda, kEps, kMaxNorm, kHyper };
+
+template <typename Binding>
+auto bind_lamb(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()
+      .RemainingRets()
+      .template Attr<int64_t>("count")
+      .template Attr<float>("ratio_min")
+      .template Attr<float>("ratio_max")
+      .template Attr<int64_t>("do_bias_correction")
+      .template Attr<int64_t>("has_step")
+      .template Attr<int64_t>("has_norm");
+}
+
+// The per-tensor constants of LAMB from the scalar inputs (host or device values).
+template <typename A>
+JAXOPS_HD Lamb<A> make_lamb(const float* hyper, float lr, float loss_scale, float norm,
+                            int64_t step, float ratio_min, float ratio_max, bool correct,
+                            bool has_norm) {
+  Lamb<A> c{A(hyper[kAlpha]), A(hyper[kBeta]), A(hyper[kLambda]), A(hyper[kEps]), A(lr),
+            A(ratio_min), A(ratio_max)};
+  if (correct) c.set_step(step);
+  c.set_grad_scale(A(loss_scale), has_norm, A(norm), A(hyper[kMaxNorm]));
+  return c;
 }
 
 }  // namespace jaxops::optim

@@ -49,7 +49,9 @@ class Case:
     """One benchmark row. Functions are plain (harness jits them); inputs stay on device.
 
     make_inputs(key) -> tuple of jax arrays: one fresh input set (never zeros).
-    jaxops(*inputs) -> output: the op under test.
+    jaxops(*inputs) -> output: the op under test. A callable with `stateful = True` is run as
+        given instead of jitted: it jits itself and keeps state between calls (an optimizer
+        step updating donated buffers in place); its first call must start from the inputs.
     reference(*inputs) -> output in f32 (or f64): the oracle every output is checked against.
     xla: label -> pure-JAX function, the XLA peers (the fastest correct one is reported).
     torch(torch_module, *tensors) -> tensor: PyTorch eager, or None.
@@ -343,7 +345,7 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
 
     def run_jax(label, fn):
         try:
-            f = jax.jit(fn)
+            f = fn if getattr(fn, "stateful", False) else jax.jit(fn)
             out = f(*argsets[0])
             err = float(err_fn(out, ref))
             del out

@@ -84,13 +84,16 @@ class Op:
     jvp(op, primals, tangents, **params) -> (out, tangent): default differentiates the
         reference, so every op has gradients of any order.
     transpose(op, ct, *args, **params): for ops linear in some operands.
+    aliases(*args, **params) -> {operand index: result index}: results that reuse an
+        operand's buffer (ORT's in-place updates), so a donated operand is updated in place
+        (FFI ops only; XLA copies an operand that is not donated).
     """
 
     def __init__(self, name: str, *, shape: Callable, reference: Callable, batch: Callable,
                  target: str | None = None, ffi_attrs: Callable | None = None,
                  factors: Callable | None = None, impl: Callable | None = None,
                  jvp: Callable | None = None, transpose: Callable | None = None,
-                 multiple_results: bool = False):
+                 multiple_results: bool = False, aliases: Callable | None = None):
         self.name = name
         self.reference = reference
         self._shape = shape
@@ -108,7 +111,7 @@ class Op:
         if target is None:
             lowering = mlir.lower_fun(impl, multiple_results=multiple_results)
         else:
-            lowering = self._ffi_lowering(target, ffi_attrs, factors)
+            lowering = self._ffi_lowering(target, ffi_attrs, factors, aliases)
             needs_devices_when_lowered(self.primitive)
         mlir.register_lowering(self.primitive, lowering)
 
@@ -139,22 +142,27 @@ class Op:
         out = self.check(*avals, **params)
         return [_to_aval(s) for s in out] if self._multiple else _to_aval(out)
 
-    def _ffi_lowering(self, target, ffi_attrs, factors):
+    def _ffi_lowering(self, target, ffi_attrs, factors, aliases):
         inner = Primitive(f"jaxops_{self.name}_ffi")
         inner.multiple_results = self._multiple
-        # The inner primitive carries the op's params (for its shapes, which may depend on
-        # params the kernel does not take) beside the kernel's attributes.
-        inner.def_abstract_eval(
-            lambda *avals, op_params, **attrs: self._abstract_eval(*avals, **dict(op_params)))
-        ffi_lower = jax.ffi.ffi_lowering(target)
+        # The inner primitive carries the op's params (its shapes may depend on params the
+        # kernel does not take) and `_aliases` (operand -> result pairs) beside the kernel's
+        # attributes; neither reaches the kernel.
+        inner.def_abstract_eval(lambda *avals, op_params, _aliases=(), **attrs:
+                                self._abstract_eval(*avals, **dict(op_params)))
+
+        def lower_inner(ctx, *args, op_params, _aliases=(), **attrs):
+            rule = jax.ffi.ffi_lowering(target, operand_output_aliases=dict(_aliases) or None)
+            return rule(ctx, *args, **attrs)
+
         for platform in available_platforms():
-            mlir.register_lowering(
-                inner, lambda ctx, *args, op_params, **attrs: ffi_lower(ctx, *args, **attrs),
-                platform=platform)
+            mlir.register_lowering(inner, lower_inner, platform=platform)
 
         def call_kernel(args, frozen_params):
             params = dict(frozen_params)
-            return inner.bind(*args, op_params=frozen_params, **ffi_attrs(*args, **params))
+            pairs = tuple(sorted(aliases(*args, **params).items())) if aliases else ()
+            return inner.bind(*args, op_params=frozen_params, _aliases=pairs,
+                              **ffi_attrs(*args, **params))
 
         # custom_partitioning passes shapes in the pytree of call_kernel's dynamic args: (args,)
         def partition(frozen_params, mesh, arg_shapes, result_shape):

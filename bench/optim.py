@@ -1,0 +1,149 @@
+"""AdamW and LAMB steps over the GPT-2-small parameter list (148 tensors, 124M f32 params).
+
+Every implementation runs as a training loop does: jitted with the parameter and moment
+buffers donated, so each step updates them in place (a `Step` keeps that state between calls;
+the harness runs it as given). Ideal traffic: read w, g, m1, m2 and write w, m1, m2:
+7 x 4 bytes per parameter. LAMB needs a second pass (norms, then the update); its target
+(70% of copy bandwidth) allows for that, on the same byte count.
+
+Peers: optax.adamw / optax.lamb under jit (donated), and torch.optim.AdamW(fused=True).
+The check compares the first step's new embedding matrix with the f32 reference.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bench.harness import Case
+from jaxops import optim as jo
+from jaxops.reference import optim as ref
+
+FAMILY = "optim"
+LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
+
+
+def gpt2_small_shapes(layers=12, d=768, vocab=50257, ctx=1024):
+    """GPT-2 small's parameters in order: 2 embeddings, 12 per block, the final layer norm."""
+    block = [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,),
+             (4 * d, d), (d,)]
+    return [(vocab, d), (ctx, d)] + block * layers + [(d,), (d,)]
+
+
+def _make_inputs(shapes):
+    def make(key):
+        keys = jax.random.split(key, 4)
+        lists = []
+        for k, scale in zip(keys, (1.0, 1.0, 0.1, 0.01)):
+            ks = jax.random.split(k, len(shapes))
+            xs = [scale * jax.random.normal(kk, s, jnp.float32) for kk, s in zip(ks, shapes)]
+            lists.append([jnp.abs(x) for x in xs] if scale == 0.01 else xs)  # m2 >= 0
+        return tuple(x for xs in lists for x in xs)
+    return make
+
+
+def _split(args, n):
+    return [list(args[k * n:(k + 1) * n]) for k in range(4)]
+
+
+class Step:
+    """A donated, jitted optimizer step with its own state: the first call copies the inputs'
+    (w, m1, m2) into the state; every call takes the gradients of the inputs it is given."""
+
+    stateful = True
+
+    def __init__(self, tx, n):
+        self.tx, self.n, self.state = tx, n, None
+
+        @functools.partial(jax.jit, donate_argnums=(0, 1))
+        def step(params, opt_state, grads):
+            if hasattr(tx, "step"):
+                return tx.step(grads, opt_state, params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self.step = step
+
+    def __call__(self, *args):
+        w, g, m1, m2 = _split(args, self.n)
+        if self.state is None:
+            opt_state = self.tx.init(w)
+            self.state = ([jnp.copy(x) for x in w], _with_moments(opt_state, m1, m2))
+        params, opt_state = self.step(*self.state, g)
+        self.state = (params, opt_state)
+        return params[0]
+
+
+def _with_moments(state, m1, m2):
+    """Puts copies of m1/m2 into an Adam-like state (jaxops' or optax's), found by structure."""
+    copy = lambda xs: [jnp.copy(x) for x in xs]
+    if isinstance(state, (jo.AdamState, jo.LambState)):
+        return state._replace(mu=copy(m1), nu=copy(m2))
+    if isinstance(state, optax.ScaleByAdamState):
+        return state._replace(mu=copy(m1), nu=copy(m2))
+    if isinstance(state, tuple):
+        return type(state)(*(_with_moments(s, m1, m2) for s in state)) if hasattr(
+            state, "_fields") else tuple(_with_moments(s, m1, m2) for s in state)
+    return state
+
+
+def _reference(kind, n):
+    def f(*args):
+        w, g, m1, m2 = _split(args, n)
+        if kind == "adamw":
+            out = ref.adamw_optimizer(jnp.asarray([LR], jnp.float32), jnp.asarray([1]), w[:1],
+                                      g[:1], m1[:1], m2[:1], alpha=B1, beta=B2, epsilon=EPS,
+                                      weight_decay=WD)
+            return out[1][0]
+        _, groups = ref.lamb_optimizer(None, None, None, jnp.asarray(LR, jnp.float32),
+                                       jnp.asarray(1), [(w[0], g[0], m1[0], m2[0], None)],
+                                       alpha=[B1], beta=[B2], lambda_=[WD], epsilon=[1e-6],
+                                       max_norm_clip=[1.0])
+        return groups[0][0]
+    return f
+
+
+def _torch_adamw(n):
+    state = {}
+
+    def call(torch, *tensors):
+        if "opt" not in state:
+            w, g, m1, m2 = _split(tensors, n)
+            params = [torch.nn.Parameter(x.clone()) for x in w]
+            opt = torch.optim.AdamW(params, lr=LR, betas=(B1, B2), eps=EPS, weight_decay=WD,
+                                    fused=True)
+            for p, a, b in zip(params, m1, m2):  # start from the inputs' moments
+                opt.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                                "exp_avg": a.clone(), "exp_avg_sq": b.clone()}
+            state.update(opt=opt, params=params)
+        g = _split(tensors, n)[1]
+        for p, x in zip(state["params"], g):
+            p.grad = x
+        state["opt"].step()
+        return state["params"][0].detach()
+    return call
+
+
+def case(kind, shapes, label):
+    n = len(shapes)
+    numel = sum(math.prod(s) for s in shapes)
+    if kind == "adamw":
+        ours = lambda: jo.adamw(LR, B1, B2, EPS, weight_decay=WD)
+        theirs = {"optax": Step(optax.adamw(LR, B1, B2, EPS, weight_decay=WD), n)}
+        torch = _torch_adamw(n)
+    else:
+        ours = lambda: jo.lamb(LR, B1, B2, 1e-6, weight_decay=WD)
+        theirs = {"optax": Step(optax.lamb(LR, B1, B2, 1e-6, weight_decay=WD), n)}
+        torch = None
+    return Case(
+        name=f"{kind}/f32/{label}", family=FAMILY, op=kind, dtype="f32", shape=(n, numel),
+        params={"tensors": n, "params": numel},
+        make_inputs=_make_inputs(shapes), jaxops=Step(ours(), n),
+        reference=_reference(kind, n), xla=theirs, torch=torch, bytes=7 * 4 * numel)
+
+
+def cases(quick: bool) -> list[Case]:
+    shapes = gpt2_small_shapes(layers=2, d=64, vocab=512, ctx=64) if quick else gpt2_small_shapes()
+    label = "gpt2-tiny" if quick else "gpt2-small"
+    return [case("adamw", shapes, label), case("lamb", shapes, label)]

@@ -1,0 +1,186 @@
+// CPU handlers of AdamWOptimizer, SGDOptimizerV2 and LambOptimizer over a whole parameter list.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "jaxops/checks.h"
+#include "jaxops/optim.h"
+#include "jaxops/registry.h"
+
+namespace jaxops::optim {
+namespace {
+
+// lr: one f32; step: one int32/int64; update_signal: one bool; flag: one bool.
+std::string check_scalar(const ffi::AnyBuffer& x, const char* name, ffi::DataType a,
+                         ffi::DataType b) {
+  if (x.element_count() != 1) return std::string(name) + " must hold one element";
+  if (x.element_type() != a && x.element_type() != b) return std::string(name) + " has the wrong dtype";
+  return {};
+}
+
+// Copies an operand into its result when XLA did not alias them (it does whenever it can).
+void copy_if_distinct(const ffi::AnyBuffer& in, ffi::AnyBuffer out) {
+  if (in.untyped_data() != out.untyped_data() && in.size_bytes() > 0)
+    std::memcpy(out.untyped_data(), in.untyped_data(), in.size_bytes());
+}
+
+ffi::Error adamw(ffi::AnyBuffer lr, ffi::AnyBuffer step, ffi::AnyBuffer signal,
+                 ffi::RemainingArgs in, ffi::Result<ffi::AnyBuffer> flag, ffi::RemainingRets out,
+                 int64_t count, float alpha, float beta, float eps, float wd,
+                 int64_t correct_bias, int64_t mode) {
+  const char* op = "adamw_optimizer";
+  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
+                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_scalar(*flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_lists(in, out, count, 4, 3)})
+    if (!err.empty()) return invalid(op, err);
+  if (mode != 0 && mode != 1) return invalid(op, "adam_mode must be 0 or 1");
+  const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
+  *flag->reinterpret_data<bool>() = update;
+  for (int64_t i = 0; i < count; ++i) {
+    auto w = *in.get<ffi::AnyBuffer>(i), g = *in.get<ffi::AnyBuffer>(count + i);
+    auto m1 = *in.get<ffi::AnyBuffer>(2 * count + i), m2 = *in.get<ffi::AnyBuffer>(3 * count + i);
+    auto w_out = **out.get<ffi::AnyBuffer>(i), m1_out = **out.get<ffi::AnyBuffer>(count + i);
+    auto m2_out = **out.get<ffi::AnyBuffer>(2 * count + i);
+    if (m1.element_type() != w.element_type() || m2.element_type() != w.element_type() ||
+        w_out.element_type() != w.element_type() || m1_out.element_type() != w.element_type() ||
+        m2_out.element_type() != w.element_type())
+      return invalid(op, "weights, moments and results must share one dtype");
+    copy_if_distinct(w, w_out);
+    copy_if_distinct(m1, m1_out);
+    copy_if_distinct(m2, m2_out);
+    if (!update) continue;
+    bool ok = dispatch_wg(w.element_type(), g.element_type(), [&](auto wt, auto gt) {
+      using W = decltype(wt);
+      using G = decltype(gt);
+      using A = acc_t<W>;
+      AdamW<A> c{A(alpha), A(beta), A(eps), A(wd), A(*lr.reinterpret_data<float>())};
+      c.mode = mode;
+      c.set_step(host_int(step.untyped_data(), step.element_type()), correct_bias != 0);
+      W *pw = w_out.reinterpret_data<W>(), *p1 = m1_out.reinterpret_data<W>(),
+        *p2 = m2_out.reinterpret_data<W>();
+      const G* pg = g.reinterpret_data<G>();
+      for (int64_t k = 0, n = int64_t(w.element_count()); k < n; ++k) {
+        A wv = load(pw, k), a = load(p1, k), b = load(p2, k);
+        c.update(wv, A(load(pg, k)), a, b);
+        store(pw, k, wv);
+        store(p1, k, a);
+        store(p2, k, b);
+      }
+    });
+    if (!ok) return invalid(op, "unsupported weight/gradient dtypes");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error sgd(ffi::AnyBuffer lr, ffi::AnyBuffer signal, ffi::RemainingArgs in,
+               ffi::Result<ffi::AnyBuffer> flag, ffi::RemainingRets out, int64_t count) {
+  const char* op = "sgd_optimizer_v2";
+  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_scalar(*flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_lists(in, out, count, 2, 1)})
+    if (!err.empty()) return invalid(op, err);
+  const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
+  *flag->reinterpret_data<bool>() = update;
+  const float rate = *lr.reinterpret_data<float>();
+  for (int64_t i = 0; i < count; ++i) {
+    auto w = *in.get<ffi::AnyBuffer>(i), g = *in.get<ffi::AnyBuffer>(count + i);
+    auto w_out = **out.get<ffi::AnyBuffer>(i);
+    if (w_out.element_type() != w.element_type())
+      return invalid(op, "weights and results must share one dtype");
+    copy_if_distinct(w, w_out);
+    if (!update) continue;
+    bool ok = dispatch_wg(w.element_type(), g.element_type(), [&](auto wt, auto gt) {
+      using W = decltype(wt);
+      using G = decltype(gt);
+      using A = acc_t<W>;
+      W* pw = w_out.reinterpret_data<W>();
+      const G* pg = g.reinterpret_data<G>();
+      for (int64_t k = 0, n = int64_t(w.element_count()); k < n; ++k)
+        store(pw, k, load(pw, k) - A(rate) * A(load(pg, k)));
+    });
+    if (!ok) return invalid(op, "unsupported weight/gradient dtypes");
+  }
+  return ffi::Error::Success();
+}
+
+// f32 weights and moments, one gradient dtype for the list. Two passes per tensor: the
+// direction d (kept) and the norms, then the trust-ratio step.
+ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer norm,
+                ffi::AnyBuffer lr, ffi::AnyBuffer step, ffi::AnyBuffer hyper,
+                ffi::RemainingArgs in, ffi::Result<ffi::AnyBuffer> new_step, ffi::RemainingRets out,
+                int64_t count, float ratio_min, float ratio_max, int64_t correct, int64_t has_step,
+                int64_t has_norm) {
+  const char* op = "lamb_optimizer";
+  for (auto err : {check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_scalar(loss_scale, "loss_scale", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(norm, "gradient_norm", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(lr, "R", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
+                   check_scalar(*new_step, "new_step", ffi::DataType::S64, ffi::DataType::S32),
+                   check_lists(in, out, count, 4, 4)})
+    if (!err.empty()) return invalid(op, err);
+  if (hyper.element_type() != ffi::DataType::F32 || int64_t(hyper.element_count()) != kHyper * count)
+    return invalid(op, "hyper must be f32 [count, 5]");
+  const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
+  const int64_t t = host_int(step.untyped_data(), step.element_type());
+  const int64_t t_out = update && has_step ? t + 1 : t;
+  if (new_step->element_type() == ffi::DataType::S64) *new_step->reinterpret_data<int64_t>() = t_out;
+  else *new_step->reinterpret_data<int32_t>() = int32_t(t_out);
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t k = 0; k < 4; ++k) {
+      auto a = *in.get<ffi::AnyBuffer>(k * count + i);
+      auto r = **out.get<ffi::AnyBuffer>(k * count + i);
+      if (r.element_type() != a.element_type())
+        return invalid(op, "results must have their operands' dtypes");
+      if (k != 1 && a.element_type() != ffi::DataType::F32)
+        return invalid(op, "weights and moments must be float32");
+      copy_if_distinct(a, r);
+    }
+    if (!update) continue;
+    auto g = *in.get<ffi::AnyBuffer>(count + i);
+    float* w = (**out.get<ffi::AnyBuffer>(i)).reinterpret_data<float>();
+    float* m1 = (**out.get<ffi::AnyBuffer>(2 * count + i)).reinterpret_data<float>();
+    float* m2 = (**out.get<ffi::AnyBuffer>(3 * count + i)).reinterpret_data<float>();
+    ffi::AnyBuffer g_out = **out.get<ffi::AnyBuffer>(count + i);
+    const auto c = make_lamb<float>(hyper.reinterpret_data<float>() + kHyper * i,
+                                    *lr.reinterpret_data<float>(),
+                                    *loss_scale.reinterpret_data<float>(),
+                                    *norm.reinterpret_data<float>(), t, ratio_min, ratio_max,
+                                    correct && has_step, has_norm != 0);
+    const int64_t n = int64_t(g.element_count());
+    bool ok = dispatch_float(g.element_type(), [&](auto tag) {
+      using G = decltype(tag);
+      if constexpr (std::is_same_v<G, double>) return;  // rejected below
+      else {
+        const G* pg = g.reinterpret_data<G>();  // read before g_out (it may alias) is written
+        std::vector<float> d(n);
+        float ww = 0, dd = 0;
+        for (int64_t k = 0; k < n; ++k) {
+          d[k] = c.direction(w[k], load(pg, k), m1[k], m2[k]);
+          ww += w[k] * w[k];
+          dd += d[k] * d[k];
+        }
+        const float ratio = c.ratio(std::sqrt(ww), std::sqrt(dd));
+        G* po = g_out.reinterpret_data<G>();
+        for (int64_t k = 0; k < n; ++k) store(po, k, c.apply(w[k], d[k], ratio));
+      }
+    });
+    if (!ok || g.element_type() == ffi::DataType::F64)
+      return invalid(op, "gradients must be f32, f16 or bf16");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AdamWCpu, adamw, bind_adamw(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SgdV2Cpu, sgd, bind_sgd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LambCpu, lamb, bind_lamb(ffi::Ffi::Bind()));
+JAXOPS_REGISTER("jaxops_adamw_optimizer", AdamWCpu);
+JAXOPS_REGISTER("jaxops_lamb_optimizer", LambCpu);
+JAXOPS_REGISTER("jaxops_sgd_optimizer_v2", SgdV2Cpu);
+
+}  // namespace jaxops::optim

@@ -1,0 +1,238 @@
+// Multi-tensor optimizer math (AdamWOptimizer, SGDOptimizerV2, LambOptimizer), written once for the CPU
+// handler and the CUDA kernel. One call updates every tensor of the parameter list.
+//
+// The scalar inputs (lr, step, update_signal) stay in device memory on GPU: the kernel reads
+// them itself, so a step never waits for a device-to-host copy.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "jaxops/dtype.h"
+
+namespace jaxops::optim {
+
+#if defined(__CUDA_ARCH__)
+#define JAXOPS_SQRT sqrt
+#define JAXOPS_POW pow
+#else
+#define JAXOPS_SQRT std::sqrt
+#define JAXOPS_POW std::pow
+#endif
+
+// ORT AdamWOptimizer attributes and the per-step constants derived from lr and step.
+template <typename A>
+struct AdamW {
+  A alpha, beta, eps, wd, lr;
+  A bias1 = 1, bias2 = 1;  // 1 - alpha^step, 1 - beta^step (1 without bias correction)
+  int64_t mode = 0;        // 0: PyTorch AdamW, 1: HuggingFace AdamW
+
+  // step is used as given (ORT's 1-based step; the op never increments it).
+  JAXOPS_HD void set_step(int64_t step, bool correct_bias) {
+    if (correct_bias) {
+      bias1 = A(1) - JAXOPS_POW(alpha, A(step));
+      bias2 = A(1) - JAXOPS_POW(beta, A(step));
+    }
+  }
+
+  // One element: w, m1, m2 updated in place from gradient g.
+  JAXOPS_HD void update(A& w, A g, A& m1, A& m2) const {
+    if (mode == 0) {
+      w -= lr * wd * w;  // decay first
+      m1 = alpha * m1 + (A(1) - alpha) * g;
+      m2 = beta * m2 + (A(1) - beta) * g * g;
+      const A denom = JAXOPS_SQRT(m2) / JAXOPS_SQRT(bias2) + eps;
+      w -= (lr / bias1) * (m1 / denom);
+    } else {
+      m1 = alpha * m1 + (A(1) - alpha) * g;
+      m2 = beta * m2 + (A(1) - beta) * g * g;
+      const A denom = JAXOPS_SQRT(m2) + eps;
+      w -= (lr * JAXOPS_SQRT(bias2) / bias1) * (m1 / denom);
+      if (wd > A(0)) w -= lr * wd * w;  // decay last
+    }
+  }
+};
+
+// ORT LambOptimizer, one group (tensor): the direction d and the trust-ratio step.
+template <typename A>
+struct Lamb {
+  A alpha, beta, lambda, eps, lr;
+  A ratio_min, ratio_max;
+  A grad_scale = 1;        // the divisor of the gradient (loss scale or norm / max_norm_clip)
+  A bias1 = 1, bias2 = 1;  // 1 - alpha^step, 1 - beta^step (1 without correction or step <= 0)
+
+  JAXOPS_HD void set_step(int64_t step) {
+    if (step > 0) {
+      bias1 = A(1) - JAXOPS_POW(alpha, A(step));
+      bias2 = A(1) - JAXOPS_POW(beta, A(step));
+    }
+  }
+
+  // Loss scale s (1 when absent); a global norm above s * max_norm_clip divides by
+  // norm / max_norm_clip instead.
+  JAXOPS_HD void set_grad_scale(A loss_scale, bool has_norm, A norm, A max_norm_clip) {
+    grad_scale = loss_scale;
+    if (has_norm && norm / loss_scale > max_norm_clip) grad_scale = norm / max_norm_clip;
+  }
+
+  // d from one element; m1, m2 become the new moments. A non-finite d is 0 and keeps the moments.
+  JAXOPS_HD A direction(A w, A g, A& m1, A& m2) const {
+    g = g / grad_scale;
+    const A n1 = alpha * m1 + (A(1) - alpha) * g;
+    const A n2 = beta * m2 + (A(1) - beta) * g * g;
+    const A d = lambda * w + (n1 / bias1) / (JAXOPS_SQRT(n2 / bias2) + eps);
+#if defined(__CUDA_ARCH__)
+    const bool finite = isfinite(d);
+#else
+    const bool finite = std::isfinite(d);
+#endif
+    if (!finite) return A(0);
+    m1 = n1;
+    m2 = n2;
+    return d;
+  }
+
+  // lr * clip(||w|| / ||d||, ratio_min, ratio_max), or lr when either norm is 0.
+  JAXOPS_HD A ratio(A w_norm, A d_norm) const {
+    if (w_norm == A(0) || d_norm == A(0)) return lr;
+    A r = w_norm / d_norm;
+    r = r < ratio_min ? ratio_min : r;
+    r = r > ratio_max ? ratio_max : r;
+    return lr * r;
+  }
+
+  // w += -ratio * d unless that is not finite (w kept, new gradient 0); returns the new gradient.
+  JAXOPS_HD A apply(A& w, A d, A ratio) const {
+    const A delta = -ratio * d;
+    const A next = w + delta;
+#if defined(__CUDA_ARCH__)
+    const bool finite = isfinite(next);
+#else
+    const bool finite = std::isfinite(next);
+#endif
+    if (!finite) return A(0);
+    w = next;
+    return delta;
+  }
+};
+
+// Reads a one-element integer (int32/int64) or bool buffer's value from host memory.
+inline int64_t host_int(const void* p, ffi::DataType dt) {
+  switch (dt) {
+    case ffi::DataType::S64: return *static_cast<const int64_t*>(p);
+    case ffi::DataType::S32: return *static_cast<const int32_t*>(p);
+    case ffi::DataType::PRED: return *static_cast<const bool*>(p) ? 1 : 0;
+    default: return 0;
+  }
+}
+
+// Calls f(W{}, G{}) for the supported (weight, gradient) storage types: equal types, or f32
+// weights with f16/bf16 gradients (mixed precision). False if unsupported.
+template <typename F>
+bool dispatch_wg(ffi::DataType w, ffi::DataType g, F&& f) {
+  if (w == g) return dispatch_float(w, [&](auto t) { f(t, t); });
+  if (w != ffi::DataType::F32) return false;
+  if (g == ffi::DataType::F16) { f(float{}, f16{}); return true; }
+  if (g == ffi::DataType::BF16) { f(float{}, bf16{}); return true; }
+  return false;
+}
+
+// Checks the flattened lists: `in` operands as `lists` lists of `count` tensors each, `out`
+// results as `out_lists` lists (the results' list k must match operand list k's shapes).
+// Returns an error message, empty when valid.
+inline std::string check_lists(const ffi::RemainingArgs& in, const ffi::RemainingRets& out,
+                               int64_t count, int64_t lists, int64_t out_lists) {
+  if (count < 0 || int64_t(in.size()) != lists * count || int64_t(out.size()) != out_lists * count)
+    return "list lengths do not match count " + std::to_string(count);
+  for (int64_t i = 0; i < count; ++i) {
+    auto w = in.get<ffi::AnyBuffer>(i);
+    if (w.has_error()) return "bad operand";
+    for (int64_t k = 0; k < lists; ++k) {
+      auto x = in.get<ffi::AnyBuffer>(k * count + i);
+      if (x.has_error() || x->element_count() != w->element_count())
+        return "tensor " + std::to_string(i) + " differs in size between the lists";
+      if (x->element_type() != in.get<ffi::AnyBuffer>(k * count)->element_type())
+        return "the tensors of one list must share one dtype";
+    }
+    for (int64_t k = 0; k < out_lists; ++k) {
+      auto y = out.get<ffi::AnyBuffer>(k * count + i);
+      if (y.has_error() || (*y)->element_count() != w->element_count())
+        return "result " + std::to_string(i) + " has the wrong size";
+    }
+  }
+  return {};
+}
+
+// The FFI signatures both platforms share (the CUDA binding starts with its stream).
+// AdamW: (lr, step, update_signal, weights..., grads..., m1..., m2...) ->
+//        (flag, weights..., m1..., m2...)
+template <typename Binding>
+auto bind_adamw(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()
+      .RemainingRets()
+      .template Attr<int64_t>("count")
+      .template Attr<float>("alpha")
+      .template Attr<float>("beta")
+      .template Attr<float>("epsilon")
+      .template Attr<float>("weight_decay")
+      .template Attr<int64_t>("correct_bias")
+      .template Attr<int64_t>("adam_mode");
+}
+
+// SGDOptimizerV2: (lr, update_signal, weights..., grads...) -> (flag, weights...)
+template <typename Binding>
+auto bind_sgd(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()
+      .RemainingRets()
+      .template Attr<int64_t>("count");
+}
+
+// LambOptimizer (f32 weights and moments; gradients f32/f16/bf16):
+// (update_signal, loss_scale, gradient_norm, R, step, hyper, weights..., grads..., m1..., m2...)
+//   -> (new_step, weights..., new_gradients..., m1..., m2...)
+// loss_scale, gradient_norm, R: one f32 each; step: one int32/int64; hyper: f32 [count, 5], per
+// tensor (alpha, beta, lambda, epsilon, max_norm_clip) (an operand: a per-tensor attribute
+// array would not fit JAX's hashable primitive params).
+enum LambHyper { kAlpha, kBeta, kLambda, kEps, kMaxNorm, kHyper };
+
+template <typename Binding>
+auto bind_lamb(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()
+      .RemainingRets()
+      .template Attr<int64_t>("count")
+      .template Attr<float>("ratio_min")
+      .template Attr<float>("ratio_max")
+      .template Attr<int64_t>("do_bias_correction")
+      .template Attr<int64_t>("has_step")
+      .template Attr<int64_t>("has_norm");
+}
+
+// The per-tensor constants of LAMB from the scalar inputs (host or device values).
+template <typename A>
+JAXOPS_HD Lamb<A> make_lamb(const float* hyper, float lr, float loss_scale, float norm,
+                            int64_t step, float ratio_min, float ratio_max, bool correct,
+                            bool has_norm) {
+  Lamb<A> c{A(hyper[kAlpha]), A(hyper[kBeta]), A(hyper[kLambda]), A(hyper[kEps]), A(lr),
+            A(ratio_min), A(ratio_max)};
+  if (correct) c.set_step(step);
+  c.set_grad_scale(A(loss_scale), has_norm, A(norm), A(hyper[kMaxNorm]));
+  return c;
+}
+
+}  // namespace jaxops::optim

@@ -1,0 +1,483 @@
+"""Optimizers and gradient clipping: AdamWOptimizer, SGDOptimizerV2, AdamOptimizer,
+SGDOptimizer, LambOptimizer, InplaceClipGradNorm (com.microsoft).
+
+AdamWOptimizer and SGDOptimizerV2 (the ops `generate_artifacts` emits) run one multi-tensor
+kernel over the whole parameter list: one CUDA launch per step (per 192 tensors). Their
+updated lists alias the input lists, so a caller who donates the buffers
+(`jax.jit(..., donate_argnums=...)`) updates them in place. lr, step and update_signal stay on
+the device: the kernel reads them itself.
+
+LambOptimizer runs a multi-tensor kernel too (two launches per step: norms, then the update).
+AdamOptimizer and SGDOptimizer update one tensor per node and InplaceClipGradNorm is a norm
+plus one scale: XLA code, which fuses each into a loop or two per tensor.
+
+Sequence inputs are Python lists of arrays; sequence outputs are lists.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxops._src.op import Factors, Op
+from jaxops.reference import optim as ref
+
+_FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+_INTS = (jnp.int32, jnp.int64)
+
+__all__ = ["adamw_optimizer", "sgd_optimizer_v2", "adam_optimizer", "sgd_optimizer",
+           "lamb_optimizer", "inplace_clip_grad_norm"]
+
+
+# ---- shared checks ----------------------------------------------------------------------------
+
+def _one(x, label, dtypes, dtype_names):
+    if x.dtype not in dtypes:
+        raise TypeError(f"{label} must be {dtype_names}, got {x.dtype}")
+    if int(np.prod(x.shape)) != 1:
+        raise ValueError(f"{label} must hold one element, got shape {x.shape}")
+
+
+def _check_lists(names, lists, grads_index=1):
+    """Lists of one length, tensor i of one shape in every list, one float dtype per list;
+    every list but the gradients shares the weights' dtype; gradients may be f16/bf16 with
+    f32 weights."""
+    n = len(lists[0])
+    for name, xs in zip(names, lists):
+        if len(xs) != n:
+            raise ValueError(f"{names[0]} and {name} must have one length, got {n} and {len(xs)}")
+        if len({x.dtype for x in xs}) > 1:
+            raise TypeError(f"the tensors of {name} must share one dtype")
+        for x in xs:
+            if x.dtype not in _FLOATS:
+                raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, "
+                                f"got {x.dtype}")
+    for i in range(n):
+        shapes = {tuple(xs[i].shape) for xs in lists}
+        if len(shapes) > 1:
+            raise ValueError(f"tensor {i} has different shapes across the lists: {sorted(shapes)}")
+    if n:
+        wt = lists[0][0].dtype
+        for k, (name, xs) in enumerate(zip(names, lists)):
+            if k == grads_index:
+                ok = xs[0].dtype == wt or (wt == jnp.float32 and xs[0].dtype in
+                                           (jnp.float16, jnp.bfloat16))
+                if not ok:
+                    raise TypeError(f"{name} must have the weights' dtype {wt} (or f16/bf16 "
+                                    f"with f32 weights), got {xs[0].dtype}")
+            elif xs[0].dtype != wt:
+                raise TypeError(f"{name} must have the weights' dtype {wt}, got {xs[0].dtype}")
+
+
+def _as_list(xs, label, op="adamw_optimizer"):
+    if not isinstance(xs, (list, tuple)):
+        raise TypeError(f"jaxops.ops.{op}: {label} must be a list of arrays, got {type(xs).__name__}")
+    return [jnp.asarray(x) for x in xs]
+
+
+def _signal(update_signal):
+    return jnp.ones((1,), bool) if update_signal is None else jnp.asarray(update_signal)
+
+
+# ---- multi-tensor kernels: flat operands (scalars..., list 0..., list 1..., ...) ----------------
+
+class _ListFactors(Factors):
+    """Factors of independent tensors: each tensor (its copies in every list and its results)
+    keeps the first sharding one of its operands has, whatever mesh axes the other tensors
+    use (Factors' own assignment gives a mesh axis to one factor of the whole op)."""
+
+    def shardings(self, mesh, operand_shardings):
+        specs = {}
+        for dims, sharding in zip(self.operands, operand_shardings):
+            spec = tuple(getattr(sharding, "spec", ()))
+            if dims and not dims[0].startswith("s") and dims not in specs and any(spec):
+                specs[dims] = spec[:len(dims)]
+
+        def sharding_of(dims):
+            return NamedSharding(mesh, PartitionSpec(*specs.get(dims, ())))
+
+        return [sharding_of(d) for d in self.operands], [sharding_of(d) for d in self.results]
+
+
+def _tensor_factors(args, n_scalars, count, n_lists, results):
+    """Factors of a flat multi-tensor op: scalar operands replicated, tensor i's dims shared by
+    every list; results: `results` = (flag dims-of operand index, number of result lists)."""
+    scalars = [tuple(f"s{k}_{d}" for d in range(args[k].ndim)) for k in range(n_scalars)]
+    tensors = [tuple(f"t{i}_{d}" for d in range(args[n_scalars + i].ndim)) for i in range(count)]
+    flag_of, out_lists = results
+    return _ListFactors(tuple(scalars) + tuple(tensors) * n_lists,
+                        (scalars[flag_of],) + tuple(tensors) * out_lists)
+
+
+def _batch_multi(n_scalars, n_lists, out_lists):
+    """vmap rule: batched tensors go through the kernel with a leading batch dim (unbatched
+    partners of a batched tensor are broadcast); a batched scalar (lr, step, signal) falls
+    back to the vmapped reference, since the kernel takes one value of each."""
+    def batch(op, args, dims, **params):
+        count = params["count"]
+        if any(d is not None for d in dims[:n_scalars]):
+            out = jax.vmap(lambda *a: op.reference(*a, **params), in_axes=tuple(dims))(*args)
+            return out, (0,) * len(out)
+        args = list(args)
+        out_dims = [None] * (1 + out_lists * count)
+        for i in range(count):
+            idx = [n_scalars + k * count + i for k in range(n_lists)]
+            batched = [j for j in idx if dims[j] is not None]
+            if not batched:
+                continue
+            size = args[batched[0]].shape[dims[batched[0]]]
+            for j in idx:
+                a, d = args[j], dims[j]
+                args[j] = jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+            for k in range(out_lists):
+                out_dims[1 + k * count + i] = 0
+        return op.bind(*args, **params), tuple(out_dims)
+    return batch
+
+
+def _aliases(n_scalars, updated_lists):
+    """Operand list updated_lists[k] -> result list k (result 0 is the flag)."""
+    def aliases(*args, count, **params):
+        return {n_scalars + lst * count + i: 1 + k * count + i
+                for k, lst in enumerate(updated_lists) for i in range(count)}
+    return aliases
+
+
+# AdamW: operands (lr, step, signal, w..., g..., m1..., m2...) -> (flag, w..., m1..., m2...)
+def _adamw_shape(lr, step, signal, *tensors, count, **attrs):
+    _one(lr, "lr", (jnp.float32,), "float32")
+    _one(step, "step", _INTS, "int64 (or int32)")
+    _one(signal, "update_signal", (jnp.bool_,), "bool")
+    if attrs["adam_mode"] not in (0, 1):
+        raise ValueError(f"adam_mode must be 0 or 1, got {attrs['adam_mode']}")
+    if attrs["adam_mode"] == 0 and attrs["correct_bias"] != 1:
+        raise ValueError("correct_bias must be 1 for adam_mode 0 (as ORT requires)")
+    lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
+    _check_lists(["weights", "gradients", "momentums_1", "momentums_2"], lists)
+    flag = jax.ShapeDtypeStruct(step.shape, jnp.bool_)
+    outs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for k in (0, 2, 3) for x in lists[k]]
+    return (flag, *outs)
+
+
+def _adamw_ref(lr, step, signal, *tensors, count, **attrs):
+    lists = [list(tensors[k * count:(k + 1) * count]) for k in range(4)]
+    flag, w, m1, m2 = ref.adamw_optimizer(lr, step, *lists, signal, **attrs)
+    return (flag, *w, *m1, *m2)
+
+
+def _adamw_attrs(*args, count, alpha, beta, epsilon, weight_decay, correct_bias, adam_mode):
+    return {"count": np.int64(count), "alpha": np.float32(alpha), "beta": np.float32(beta),
+            "epsilon": np.float32(epsilon), "weight_decay": np.float32(weight_decay),
+            "correct_bias": np.int64(correct_bias), "adam_mode": np.int64(adam_mode)}
+
+
+_ADAMW = Op("adamw_optimizer", shape=_adamw_shape, reference=_adamw_ref,
+            batch=_batch_multi(3, 4, 3), target="jaxops_adamw_optimizer",
+            ffi_attrs=_adamw_attrs, multiple_results=True, aliases=_aliases(3, (0, 2, 3)),
+            factors=lambda *a, count, **p: _tensor_factors(a, 3, count, 4, (1, 3)))
+
+
+# SGDOptimizerV2: operands (lr, signal, w..., g...) -> (flag, w...)
+def _sgd_shape(lr, signal, *tensors, count):
+    _one(lr, "lr", (jnp.float32,), "float32")
+    _one(signal, "update_signal", (jnp.bool_,), "bool")
+    lists = [tensors[:count], tensors[count:]]
+    _check_lists(["weights", "gradients"], lists)
+    return (jax.ShapeDtypeStruct(lr.shape, jnp.bool_),
+            *[jax.ShapeDtypeStruct(w.shape, w.dtype) for w in lists[0]])
+
+
+def _sgd_ref(lr, signal, *tensors, count):
+    flag, w = ref.sgd_optimizer_v2(lr, list(tensors[:count]), list(tensors[count:]), signal)
+    return (flag, *w)
+
+
+_SGD_V2 = Op("sgd_optimizer_v2", shape=_sgd_shape, reference=_sgd_ref,
+             batch=_batch_multi(2, 2, 1), target="jaxops_sgd_optimizer_v2",
+             ffi_attrs=lambda *a, count: {"count": np.int64(count)}, multiple_results=True,
+             aliases=_aliases(2, (0,)),
+             factors=lambda *a, count: _tensor_factors(a, 2, count, 2, (0, 1)))
+
+
+# LAMB: operands (signal, loss_scale, norm, R, step, hyper [count, 5], w..., g..., m1..., m2...)
+#   -> (new_step, w..., new_g..., m1..., m2...); f32 weights and moments, one gradient dtype.
+def _lamb_shape(signal, loss_scale, norm, lr, step, hyper, *tensors, count, **attrs):
+    _one(signal, "update_signal", (jnp.bool_,), "bool")
+    for x, label in ((loss_scale, "loss_scale"), (norm, "gradient_norm"), (lr, "R")):
+        _one(x, label, (jnp.float32,), "float32")
+    _one(step, "step", _INTS, "int64 (or int32)")
+    if hyper.shape != (count, 5) or hyper.dtype != jnp.float32:
+        raise ValueError(f"hyper must be float32 [{count}, 5], got {hyper.dtype}{hyper.shape}")
+    lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
+    _check_lists(["weights", "gradients", "moment1", "moment2"], lists)
+    if count and lists[0][0].dtype != jnp.float32:
+        raise TypeError(f"the LAMB kernel takes float32 weights, got {lists[0][0].dtype}")
+    return (jax.ShapeDtypeStruct(step.shape, step.dtype),
+            *[jax.ShapeDtypeStruct(x.shape, x.dtype) for xs in lists for x in xs])
+
+
+def _lamb_ref(signal, loss_scale, norm, lr, step, hyper, *tensors, count, ratio_min, ratio_max,
+              do_bias_correction, has_step, has_norm):
+    lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
+    groups = [(w, g, m1, m2, None) for w, g, m1, m2 in zip(*lists)]
+    cols = [[hyper[i, k] for i in range(count)] for k in range(5)]
+    new_step, outs = ref.lamb_optimizer(
+        signal, loss_scale, norm if has_norm else None, lr, step if has_step else None, groups,
+        alpha=cols[0], beta=cols[1], lambda_=cols[2], epsilon=cols[3], max_norm_clip=cols[4],
+        ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
+    if not has_step:
+        new_step = step
+    return (new_step, *[o[k] for k in range(4) for o in outs])
+
+
+def _lamb_batch(op, args, dims, **params):
+    # the trust ratio is a norm over the whole tensor: a batch dim cannot join the kernel's
+    # tensors, so vmap runs the reference
+    out = jax.vmap(lambda *a: op.reference(*a, **params), in_axes=tuple(dims))(*args)
+    return out, (0,) * len(out)
+
+
+def _lamb_factors(*args, count, **params):
+    # norms need whole tensors: every tensor dim stays replicated
+    f = _tensor_factors(args, 6, count, 4, (4, 4))
+    return Factors(f.operands, f.results, tuple(dict.fromkeys(n for d in f.operands[6:] for n in d)))
+
+
+_LAMB = Op("lamb_optimizer", shape=_lamb_shape, reference=_lamb_ref, batch=_lamb_batch,
+           target="jaxops_lamb_optimizer", multiple_results=True,
+           ffi_attrs=lambda *a, count, ratio_min, ratio_max, do_bias_correction, has_step,
+           has_norm: {"count": np.int64(count), "ratio_min": np.float32(ratio_min),
+                      "ratio_max": np.float32(ratio_max),
+                      "do_bias_correction": np.int64(do_bias_correction),
+                      "has_step": np.int64(has_step), "has_norm": np.int64(has_norm)},
+           aliases=_aliases(6, (0, 1, 2, 3)), factors=_lamb_factors)
+
+
+def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, update_signal=None,
+                    *, alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.01, correct_bias=1,
+                    adam_mode=0):
+    """ORT AdamWOptimizer over lists of tensors: (updated_flag, weights, momentums_1, momentums_2).
+
+    `step` is used as given: ORT's step is 1-based and the op does NOT increment it (the caller
+    does); step 0 with correct_bias=1 divides by zero (NaN), as in ORT. correct_bias=0 needs
+    adam_mode 1 (ORT refuses it with mode 0). adam_mode 0 is
+    PyTorch's AdamW (decay w by lr*weight_decay first, bias-corrected denominator
+    sqrt(m2)/sqrt(1-beta^step) + eps); adam_mode 1 is HuggingFace's (step size
+    lr*sqrt(1-beta^step)/(1-alpha^step), eps added to the uncorrected sqrt(m2), decay applied
+    last). update_signal False leaves everything unchanged and returns flag False; the flag
+    has step's shape. lr: one float32; step: one int64 (int32 accepted, as JAX without x64
+    has no int64). Weights and moments share a dtype (f16/bf16/f32/f64); gradients have it too,
+    or are f16/bf16 with f32 weights. Math in f32 (f64 for f64). The weight and moment lists
+    alias their inputs (donate them to update in place).
+    """
+    lists = [_as_list(x, n) for x, n in ((weights, "weights"), (gradients, "gradients"),
+                                         (momentums_1, "momentums_1"), (momentums_2, "momentums_2"))]
+    count = len(lists[0])
+    out = _ADAMW(lr, step, _signal(update_signal), *[x for xs in lists for x in xs],
+                 count=count, alpha=alpha, beta=beta, epsilon=epsilon, weight_decay=weight_decay,
+                 correct_bias=correct_bias, adam_mode=adam_mode)
+    return out[0], list(out[1:1 + count]), list(out[1 + count:1 + 2 * count]), list(out[1 + 2 * count:])
+
+
+def sgd_optimizer_v2(lr, weights, gradients, update_signal=None):
+    """ORT SGDOptimizerV2 over lists of tensors: (update_completed, weights), w -= lr * g.
+
+    update_signal False leaves the weights unchanged and returns False; the flag has lr's shape.
+    lr: one float32. Gradients have the weights' dtype, or f16/bf16 with f32 weights. The
+    weights alias their inputs (donate them to update in place).
+    """
+    weights = _as_list(weights, "weights", "sgd_optimizer_v2")
+    gradients = _as_list(gradients, "gradients", "sgd_optimizer_v2")
+    out = _SGD_V2(lr, _signal(update_signal), *weights, *gradients, count=len(weights))
+    return out[0], list(out[1:])
+
+
+# ---- single-tensor and norm-based ops: XLA code ---------------------------------------------
+
+def _error(name, e):
+    return type(e)(f"jaxops.ops.{name}: {e}")
+
+
+def _check(name, fn):
+    try:
+        fn()
+    except (TypeError, ValueError) as e:
+        raise _error(name, e) from None
+
+
+def sgd_optimizer(ETA, W, G):
+    """ORT SGDOptimizer (legacy, one tensor): (NW, NG) = (W - ETA*G, -ETA*G).
+
+    XLA code: one elementwise fusion, which a kernel would not beat.
+    """
+    ETA, W, G = map(jnp.asarray, (ETA, W, G))
+
+    def check():
+        _one(ETA, "ETA", _FLOATS, "a float")
+        _check_lists(["W", "G"], [[W], [G]])
+    _check("sgd_optimizer", check)
+    return ref.sgd_optimizer(ETA, W, G)
+
+
+def adam_optimizer(R, T, weights, gradients, moment_1, moment_2, mixed_precision_weights=None,
+                   loss_scale=None, global_gradient_norm=None, update_signal=None, *, alpha=0.9,
+                   beta=0.999, epsilon=1e-8, max_norm_clip=1.0, do_bias_correction=1,
+                   weight_decay_mode=0, **kwargs):
+    """ORT AdamOptimizer (legacy, one tensor): (new_T, new_moment_1, new_moment_2, new_weights,
+    new_gradients, new_mixed_precision_weights or None). `lambda` (default 0) arrives in kwargs.
+
+    CUDA semantics: g = gradients / s with s the loss scale, or global_gradient_norm /
+    max_norm_clip when norm / loss_scale > max_norm_clip; bias corrections 1 - alpha^T,
+    1 - beta^T for T > 0 (T as given), and new_T = T + 1. new_gradients is the applied delta.
+    update_signal False passes everything through and does not increment T. (ORT's CPU kernel
+    ignores loss_scale, the norm and update_signal.)
+    XLA code: one elementwise fusion per tensor, which a kernel would not beat.
+    """
+    lam = kwargs.pop("lambda", 0.0)
+    if kwargs:
+        raise TypeError(f"jaxops.ops.adam_optimizer: unexpected attributes {sorted(kwargs)}")
+    args = [None if x is None else jnp.asarray(x) for x in
+            (R, T, weights, gradients, moment_1, moment_2, mixed_precision_weights, loss_scale,
+             global_gradient_norm, update_signal)]
+    R, T, weights, gradients, moment_1, moment_2, mpw, loss_scale, norm, update_signal = args
+
+    def check():
+        _one(R, "R", _FLOATS, "a float")
+        _one(T, "T", _INTS, "int64 (or int32)")
+        _check_lists(["weights", "gradients", "moment_1", "moment_2"],
+                     [[weights], [gradients], [moment_1], [moment_2]])
+        if mpw is not None and (mpw.dtype not in (jnp.float16, jnp.bfloat16)
+                                or mpw.shape != weights.shape):
+            raise TypeError("mixed_precision_weights must be f16/bf16 of the weights' shape")
+        if update_signal is not None:
+            _one(update_signal, "update_signal", (jnp.bool_,), "bool")
+    _check("adam_optimizer", check)
+    return ref.adam_optimizer(R, T, weights, gradients, moment_1, moment_2, mpw, loss_scale, norm,
+                              update_signal, alpha=alpha, beta=beta, lambda_=lam, epsilon=epsilon,
+                              max_norm_clip=max_norm_clip, do_bias_correction=do_bias_correction,
+                              weight_decay_mode=weight_decay_mode)
+
+
+def _per_group(value, n, name):
+    value = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * n
+    if len(value) < n:
+        raise ValueError(f"{name} has {len(value)} values for {n} groups")
+    return [float(v) for v in value[:n]]
+
+
+def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, alpha=0.9,
+                   beta=0.999, epsilon=1e-6, max_norm_clip=1.0, ratio_min=-np.inf,
+                   ratio_max=np.inf, do_bias_correction=1, **kwargs):
+    """ORT LambOptimizer. `groups` are ORT's variadic inputs, 5 per group: weights, gradients,
+    moment1, moment2, mixed_precision_weights (None when absent). Per-group attributes
+    (alpha, beta, lambda, epsilon, max_norm_clip) are lists (a scalar applies to every group);
+    `lambda` (default 0) arrives in kwargs. Returns (new_step or None, then per group
+    new_weights, new_gradients, new_moment_1, new_moment_2, new_mixed_precision_weights or None).
+
+    Per group: g /= s (as AdamOptimizer); m1, m2 as Adam; d = lambda*w + (m1/ac)/(sqrt(m2/bc)+eps)
+    with ac, bc from step (1 when step is absent or <= 0, or without bias correction). Where d
+    is not finite it is 0 and the moments keep their old values. The trust ratio is
+    R * clip(||w|| / ||d||, ratio_min, ratio_max), or R when either norm is 0; w -= ratio*d,
+    except where that is not finite (w kept, new gradient 0); new_gradients is the applied
+    delta. new_step = step + 1 (when step is given). update_signal False passes everything
+    through and keeps step.
+    f32 weights and moments with one gradient dtype (f32/f16/bf16) for all groups run the
+    multi-tensor kernel (two launches: per-chunk norm partials, then the update; deterministic);
+    other dtype mixes, and vmap, run the reference as XLA code. Sharded tensors are gathered:
+    the trust ratio needs each tensor's whole norm.
+    """
+    lam = kwargs.pop("lambda", 0.0)
+    if kwargs:
+        raise TypeError(f"jaxops.ops.lamb_optimizer: unexpected attributes {sorted(kwargs)}")
+    conv = lambda x: None if x is None else jnp.asarray(x)
+    update_signal, loss_scale, gradient_norm, R, step = map(
+        conv, (update_signal, loss_scale, gradient_norm, R, step))
+    groups = list(groups)
+    if len(groups) % 5 == 4:
+        groups.append(None)
+    groups = [tuple(conv(x) for x in groups[i:i + 5]) for i in range(0, len(groups), 5)]
+    n = len(groups)
+
+    def check():
+        if len(groups) and any(x is None for g in groups for x in g[:4]):
+            raise ValueError("every group needs weights, gradients, moment1 and moment2")
+        if R is None:
+            raise ValueError("R (the learning rate) is required")
+        _one(R, "R", _FLOATS, "a float")
+        if step is not None:
+            _one(step, "step", _INTS, "int64 (or int32)")
+        if update_signal is not None:
+            _one(update_signal, "update_signal", (jnp.bool_,), "bool")
+        for w, g, m1, m2, mpw in groups:
+            _check_lists(["weights", "gradients", "moment1", "moment2"], [[w], [g], [m1], [m2]])
+            if mpw is not None and (mpw.dtype not in (jnp.float16, jnp.bfloat16)
+                                    or mpw.shape != w.shape):
+                raise TypeError("mixed_precision_weights must be f16/bf16 of the weights' shape")
+        return [_per_group(v, n, name) for v, name in
+                ((alpha, "alpha"), (beta, "beta"), (lam, "lambda"), (epsilon, "epsilon"),
+                 (max_norm_clip, "max_norm_clip"))]
+    try:
+        al, be, la, ep, mx = check()
+    except (TypeError, ValueError) as e:
+        raise _error("lamb_optimizer", e) from None
+    kw = dict(ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
+    if _lamb_kernel_fits(groups, R, loss_scale, gradient_norm):
+        return _lamb_kernel(update_signal, loss_scale, gradient_norm, R, step, groups,
+                            np.stack([al, be, la, ep, mx], axis=1).astype(np.float32), **kw)
+    new_step, outs = ref.lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, groups,
+                                        alpha=al, beta=be, lambda_=la, epsilon=ep,
+                                        max_norm_clip=mx, **kw)
+    return (new_step, *[x for group in outs for x in group])
+
+
+def _lamb_kernel_fits(groups, *scalars):
+    """The kernel takes f32 weights and moments and one gradient dtype for all groups."""
+    if not groups or any(x is not None and x.dtype == jnp.float64 for x in scalars):
+        return False
+    g_types = {g[1].dtype for g in groups}
+    return (all(x.dtype == jnp.float32 for g in groups for x in (g[0], g[2], g[3]))
+            and len(g_types) == 1 and g_types <= {jnp.dtype(t) for t in _FLOATS[:3]})
+
+
+def _lamb_kernel(signal, loss_scale, norm, R, step, groups, hyper, **kw):
+    count = len(groups)
+    f32 = lambda x, default: jnp.reshape(jnp.asarray(default if x is None else x, jnp.float32), (1,))
+    step_in = jnp.zeros((1,), jnp.int32) if step is None else step
+    out = _LAMB(_signal(signal), f32(loss_scale, 1.0), f32(norm, 0.0), f32(R, 0.0), step_in,
+                jnp.asarray(hyper), *[g[k] for k in range(4) for g in groups], count=count,
+                has_step=int(step is not None), has_norm=int(norm is not None), **kw)
+    new_step = None if step is None else out[0]
+    lists = [out[1 + k * count:1 + (k + 1) * count] for k in range(4)]
+    flat = []
+    for i, (w, g, m1, m2, mpw) in enumerate(groups):
+        new_mpw = None
+        if mpw is not None:  # the low-precision copy follows the updated weights
+            new_mpw = jnp.where(_signal(signal).reshape(()), lists[0][i].astype(mpw.dtype), mpw)
+        flat += [lists[0][i], lists[1][i], lists[2][i], lists[3][i], new_mpw]
+    return (new_step, *flat)
+
+
+def inplace_clip_grad_norm(gradients, *, max_norm=1.0, norm_type="fro"):
+    """ORT InplaceClipGradNorm: every gradient times min(max_norm / (total_norm + 1e-6), 1),
+    total_norm the L2 norm over all of them (computed in f32, f64 for f64). Returns the list.
+    XLA code (a reduction per tensor and one scale each).
+    """
+    gradients = _as_list(gradients, "gradients", "inplace_clip_grad_norm")
+
+    def check():
+        if norm_type != "fro":
+            raise ValueError(f"norm_type must be 'fro', got {norm_type!r}")
+        if gradients:
+            _check_lists(["gradients"], [gradients], grads_index=None)
+    _check("inplace_clip_grad_norm", check)
+    return ref.inplace_clip_grad_norm(gradients, max_norm=max_norm)
+
+
+_MS = "com.microsoft"
+ORT_OPS = {
+    (_MS, "AdamWOptimizer"): adamw_optimizer,
+    (_MS, "SGDOptimizerV2"): sgd_optimizer_v2,
+    (_MS, "AdamOptimizer"): adam_optimizer,
+    (_MS, "SGDOptimizer"): sgd_optimizer,
+    (_MS, "LambOptimizer"): lamb_optimizer,
+    (_MS, "InplaceClipGradNorm"): inplace_clip_grad_norm,
+}

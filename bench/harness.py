@@ -287,12 +287,24 @@ def _short(e: BaseException) -> str:
 
 
 def _rel_err_fn():
-    @jax.jit
-    def err(out, ref):
+    def one(out, ref):
         ref = ref.astype(jnp.float32)
         d = jnp.max(jnp.abs(out.astype(jnp.float32) - ref))
         return d / jnp.maximum(jnp.max(jnp.abs(ref)), jnp.finfo(jnp.float32).tiny)
+
+    @jax.jit
+    def err(out, ref):  # several outputs (a tuple): the worst of them
+        return jnp.max(jnp.stack(jax.tree.leaves(jax.tree.map(one, out, ref))))
     return err
+
+
+def _from_torch(out):
+    if isinstance(out, (tuple, list)):
+        return tuple(_from_torch(o) for o in out)
+    try:
+        return jnp.from_dlpack(out)
+    except Exception:  # no DLPack exchange this way: go through the host
+        return jnp.asarray(out.float().cpu().numpy())
 
 
 def n_input_sets(set_bytes: int, l2: int, quick: bool) -> int:
@@ -352,10 +364,7 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
             call = lambda *a: case.torch(torch, *a)
             out = call(*targs[0])
             torch.cuda.synchronize()
-            try:
-                back = jnp.from_dlpack(out)
-            except Exception:  # no DLPack exchange this way: go through the host
-                back = jnp.asarray(out.float().cpu().numpy())
+            back = _from_torch(out)
             err = float(err_fn(back, ref))
             del back
             del out

@@ -81,8 +81,9 @@ struct LnArgs {
 };
 
 // Workspace layout: part[((g * chunks + p) * 2 + w) * n + c], w = 0: scale_grad, 1: bias_grad.
+// Two resident blocks an SM where the registers allow (K <= 2): a block stalls at its barriers.
 template <int kMode, typename T, int V, int K>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, K <= 2 ? 2 : 1)
 ln_rows_cached(LnArgs<T> a, int64_t groups, int64_t rows, int64_t n, int chunks, acc_t<T>* part) {
   using A = acc_t<T>;
   __shared__ A red[2][kWarps];
@@ -125,7 +126,6 @@ ln_rows_cached(LnArgs<T> a, int64_t groups, int64_t rows, int64_t n, int chunks,
 #pragma unroll
     for (int k = 0; k < K; ++k) { xv[k] = next_x[k]; dv[k] = next_dy[k]; }
     if (r + chunks < rows) load_row(r + chunks);
-    A xh[K][V], b[K][V];
     A sum_b = 0, sum_bx = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -133,11 +133,11 @@ ln_rows_cached(LnArgs<T> a, int64_t groups, int64_t rows, int64_t n, int chunks,
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const A d = to_acc(dv[k].v[j]);
-        xh[k][j] = xhat<kMode>(to_acc(xv[k].v[j]), mean, inv, sc[k][j], bi[k][j]);
-        b[k][j] = d * sc[k][j] * inv;
-        sum_b += b[k][j];
-        sum_bx += b[k][j] * xh[k][j];
-        cs[k][j] += d * xh[k][j];
+        const A xh = xhat<kMode>(to_acc(xv[k].v[j]), mean, inv, sc[k][j], bi[k][j]);
+        const A b = d * sc[k][j] * inv;
+        sum_b += b;
+        sum_bx += b * xh;
+        cs[k][j] += d * xh;
         cb[k][j] += d;
       }
     }
@@ -149,7 +149,11 @@ ln_rows_cached(LnArgs<T> a, int64_t groups, int64_t rows, int64_t n, int chunks,
       const int64_t c0 = (int64_t(k) * kThreads + threadIdx.x) * V;
       Pack<T, V> out;
 #pragma unroll
-      for (int j = 0; j < V; ++j) out.v[j] = from_acc<T>(x_grad<kMode>(b[k][j], xh[k][j], mean_b, mean_bx));
+      for (int j = 0; j < V; ++j) {  // xhat and b again from the 16-bit row: fewer registers
+        const A xh = xhat<kMode>(to_acc(xv[k].v[j]), mean, inv, sc[k][j], bi[k][j]);
+        const A b = to_acc(dv[k].v[j]) * sc[k][j] * inv;
+        out.v[j] = from_acc<T>(x_grad<kMode>(b, xh, mean_b, mean_bx));
+      }
       *reinterpret_cast<Pack<T, V>*>(a.dx + base + c0) = out;
     }
   }

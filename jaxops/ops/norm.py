@@ -265,8 +265,12 @@ def ln_grad(mode, dy, x, scale, bias, mean, inv, axis):
     return ref.finish_ln(outs + (None,) * (3 - len(outs)), x.dtype, scale)
 
 
-def layer_normalization_grad(Y_grad, X, scale, mean, inv_std_dev, axis=-1):
+def layer_normalization_grad(Y_grad, X, scale, mean, inv_std_dev, axis=-1, epsilon=None,
+                             stash_type=None):
     """ORT LayerNormalizationGrad -> (X_grad, scale_grad, bias_grad).
+
+    `epsilon` and `stash_type` are accepted and ignored: ORT's gradient builder copies them
+    from the forward node, the kernel does not read them.
 
     X is normalised over its dims from `axis` on; mean and inv_std_dev hold one value per row
     (LayerNormalization's outputs 1 and 2, any shape of that size). With xhat = (X - mean) *
@@ -279,8 +283,11 @@ def layer_normalization_grad(Y_grad, X, scale, mean, inv_std_dev, axis=-1):
     return ln_grad(ref.LAYER, dy, x, s, None, m, i, axis)
 
 
-def simplified_layer_normalization_grad(Y_grad, X, scale, inv_std_var, axis=-1):
+def simplified_layer_normalization_grad(Y_grad, X, scale, inv_std_var, axis=-1, epsilon=None,
+                                        stash_type=None):
     """ORT SimplifiedLayerNormalizationGrad (RMSNorm) -> (X_grad, scale_grad).
+
+    `epsilon` and `stash_type` (copied by ORT's gradient builder) are ignored.
 
     xhat = X * inv_std_var; B = Y_grad * scale * inv_std_var; X_grad = B - xhat * mean_row(B * xhat);
     scale_grad = sum_rows(Y_grad * xhat).

@@ -34,7 +34,7 @@ def close(op_dtypes, got, expected, dy, scale, inv, ulps=16):
 
 
 def _ln_inputs(rng, shape, axis, simplified=False):
-    axis = -1 if axis is None else axis % len(shape)
+    axis = (-1 if axis is None else axis) % len(shape)
     red = tuple(range(axis, len(shape)))
     x = rng.standard_normal(shape) * 1.5 + 0.3
     mean = x.mean(axis=red, keepdims=True)  # ORT's forward keeps the reduced dims as 1

@@ -36,6 +36,9 @@ class Factors:
     operands: tuple[tuple[str, ...], ...]
     results: tuple[tuple[str, ...], ...]
     replicated: tuple[str, ...] = ()
+    # Factors an op sums over into the results that lack them (a column sum over rows): a
+    # shard computes partial sums, which are psum'd over the factor's mesh axes.
+    summed: tuple[str, ...] = ()
 
     def rule(self):
         """The Shardy rule: an einsum-like string and its need-replication factors."""
@@ -45,6 +48,27 @@ class Factors:
     def shardings(self, mesh, operand_shardings):
         """Operand and result shardings: each factor takes the first mesh axes an operand
         gives it, unless it must stay replicated or those axes are taken."""
+        assigned = self._assign(operand_shardings)
+
+        def sharding_of(dims):
+            return NamedSharding(mesh, PartitionSpec(*(assigned.get(f) for f in dims)))
+
+        return [sharding_of(d) for d in self.operands], [sharding_of(d) for d in self.results]
+
+    def psum_axes(self, operand_shardings):
+        """Per result, the mesh axes its partial sums must be psum'd over (empty: none)."""
+        assigned = self._assign(operand_shardings)
+        out = []
+        for dims in self.results:
+            axes = []
+            for f in self.summed:
+                if f in assigned and f not in dims:
+                    a = assigned[f]
+                    axes += list(a) if isinstance(a, tuple) else [a]
+            out.append(tuple(axes))
+        return out
+
+    def _assign(self, operand_shardings):
         assigned: dict[str, Any] = {}
         used: set = set()
         for dims, sharding in zip(self.operands, operand_shardings):
@@ -55,11 +79,7 @@ class Factors:
                     continue
                 assigned[factor] = axes
                 used |= names
-
-        def sharding_of(dims):
-            return NamedSharding(mesh, PartitionSpec(*(assigned.get(f) for f in dims)))
-
-        return [sharding_of(d) for d in self.operands], [sharding_of(d) for d in self.results]
+        return assigned
 
 
 def _as_struct(out):
@@ -170,7 +190,15 @@ class Op:
             f = factors(*arg_shapes, **dict(frozen_params))
             arg_shardings, result_shardings = f.shardings(mesh, [a.sharding for a in arg_shapes])
             results = result_shardings if self._multiple else result_shardings[0]
-            lower = lambda args: call_kernel(args, frozen_params)
+            psums = f.psum_axes([a.sharding for a in arg_shapes])
+
+            def lower(args):
+                out = call_kernel(args, frozen_params)
+                if not any(psums):
+                    return out
+                outs = [jax.lax.psum(o, ax) if ax else o
+                        for o, ax in zip(out if self._multiple else [out], psums)]
+                return outs if self._multiple else outs[0]
             return mesh, lower, results, (tuple(arg_shardings),)
 
         def infer(frozen_params, mesh, arg_shapes, result_shape):

@@ -10,13 +10,18 @@ NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
               np.dtype(np.float64): onnx.TensorProto.DOUBLE,
               np.dtype(np.float16): onnx.TensorProto.FLOAT16,
               np.dtype(np.int32): onnx.TensorProto.INT32,
-              np.dtype(np.int64): onnx.TensorProto.INT64}
+              np.dtype(np.int64): onnx.TensorProto.INT64,
+              np.dtype(np.bool_): onnx.TensorProto.BOOL,
+              np.dtype(np.uint32): onnx.TensorProto.UINT32}
 
 
-def run_node(op_type, inputs, out_dtypes=None, domain="com.microsoft", opset=17, **attrs):
+def run_node(op_type, inputs, out_dtypes=None, domain="com.microsoft", opset=17,
+             out_shapes=None, **attrs):
     """Builds a one-node model over numpy `inputs` and runs it with the CPU provider.
-    Outputs are typed `out_dtypes` (default: one output of the first input's dtype)."""
+    Outputs are typed `out_dtypes` (default: one output of the first input's dtype) and
+    declared with `out_shapes` where given (kernels such as MaxPoolGrad read them)."""
     out_dtypes = out_dtypes or [inputs[0].dtype]
+    out_shapes = out_shapes or [None] * len(out_dtypes)
     names = [f"in{i}" for i in range(len(inputs))]
     outs = [f"out{i}" for i in range(len(out_dtypes))]
     node = helper.make_node(op_type, names, outs, domain=domain, **attrs)
@@ -24,8 +29,8 @@ def run_node(op_type, inputs, out_dtypes=None, domain="com.microsoft", opset=17,
         [node], "oracle",
         [helper.make_tensor_value_info(n, NP_TO_ONNX[x.dtype], x.shape)
          for n, x in zip(names, inputs)],
-        [helper.make_tensor_value_info(o, NP_TO_ONNX[np.dtype(d)], None)
-         for o, d in zip(outs, out_dtypes)])
+        [helper.make_tensor_value_info(o, NP_TO_ONNX[np.dtype(d)], s)
+         for o, d, s in zip(outs, out_dtypes, out_shapes)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10  # onnxruntime 1.19 refuses newer IR versions

@@ -87,9 +87,9 @@ def dropout_grad(dy, mask, ratio=None, training_mode=None):
 def bits_to_mask(words, shape):
     """Unpacks a uint32 bit mask (bit i % 32 of word i // 32) to a bool array of `shape`."""
     n = int(np.prod(shape))
-    i = jnp.arange(n, dtype=jnp.uint32)
-    bits = (words[i // 32] >> (i % 32)) & jnp.uint32(1)
-    return (bits == 1).reshape(shape)
+    # shifts and reshapes only (no gather), so a sharded mask unpacks shard by shard
+    bits = (words[:, None] >> jnp.arange(32, dtype=jnp.uint32)) & jnp.uint32(1)
+    return (bits.reshape(-1)[:n] == 1).reshape(shape)
 
 
 def mask_to_bits(mask):

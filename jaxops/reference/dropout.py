@@ -1,5 +1,7 @@
 """Plain definitions of the dropout gradients, written independently of jaxops.ops.dropout
 (the test oracle)."""
+import math
+
 import jax.numpy as jnp
 
 from jaxops.reference.softmax import softmax_grad
@@ -12,8 +14,8 @@ def dropout_grad(dy, mask, ratio=0.5):
 
 
 def unpack_bits(words, shape):
-    bits = (words[:, None] >> jnp.arange(32, dtype=jnp.uint32)[None, :]) & 1
-    return bits.reshape(-1)[:int(jnp.size(jnp.zeros(shape)))].reshape(shape).astype(bool)
+    i = jnp.arange(math.prod(shape), dtype=jnp.uint32)
+    return ((words[i // 32] >> (i % 32)) & 1).astype(bool).reshape(shape)
 
 
 def bitmask_dropout_grad(dy, words, ratio=0.5):

@@ -180,8 +180,9 @@ def test_resize_grad_transforms(rng):
     dy, x, _ = resize_case(rng, (2, 3, 4, 5), (7, 9), "half_pixel", False, jnp.float64)
     fn = functools.partial(ops.resize_grad, mode="linear")
     np.testing.assert_allclose(jax.jit(fn)(dy, x), fn(dy, x), rtol=1e-6, atol=1e-6)  # f32 weights
-    got = jax.vmap(fn, in_axes=(1, None))(dy, x[:, 0])
-    np.testing.assert_allclose(got, jnp.stack([fn(dy[:, c], x[:, 0]) for c in range(3)]),
+    dys = jnp.stack([dy, 2 * dy, -dy], axis=1)  # a batch on axis 1, X unbatched
+    got = jax.vmap(fn, in_axes=(1, None))(dys, x)
+    np.testing.assert_allclose(got, jnp.stack([fn(dys[:, k], x) for k in range(3)]),
                                rtol=1e-12)
     check_grads(lambda dy: fn(dy, x), (dy,), order=2, modes=("fwd", "rev"))
     scales = jnp.asarray([1, 1, 7 / 4, 9 / 5], jnp.float32)  # a traced scales input works

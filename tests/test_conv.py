@@ -186,7 +186,7 @@ def test_resize_grad_transforms(rng):
                                rtol=1e-12)
     check_grads(lambda dy: fn(dy, x), (dy,), order=2, modes=("fwd", "rev"))
     scales = jnp.asarray([1, 1, 7 / 4, 9 / 5], jnp.float32)  # a traced scales input works
-    np.testing.assert_allclose(jax.jit(fn)(dy, x, None, scales), fn(dy, x), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(fn)(dy, x, None, scales), fn(dy, x), rtol=1e-5, atol=1e-6)
     mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
     dy8, x8, _ = resize_case(rng, (8, 2, 4, 5), (7, 9), "half_pixel", False, jnp.float32)
     s = NamedSharding(mesh, P("x"))

@@ -1,0 +1,240 @@
+"""Convolution gradients (com.microsoft ConvGrad, ConvTransposeGrad) as XLA convolutions
+(no hand-written GEMMs).
+
+ConvGrad(dY, X, W) and ConvTransposeGrad(dY, X, W) carry the forward op's attributes
+(auto_pad, dilations, group, kernel_shape, pads, strides; ConvTranspose adds output_padding
+and output_shape), for 1-D, 2-D and 3-D convolutions (NC... layout, W as ONNX lays it out).
+Their three outputs (dX, dW, dB) are all optional in ORT: the keyword `outputs` (one bool
+per output, ORT order, default all True) says which are wanted; an unwanted output is
+returned as None and never computed. dX and dW are the transposes of the forward
+convolution (`jax.linear_transpose`), so XLA emits exactly its own convolution-backward
+convolutions; dB = sum of dY over batch and spatial dims. f16/bf16 convolve with f32
+accumulation and are rounded once.
+
+Being XLA code, both ops support jit, vmap, gradients of any order and sharding (a
+batch-sharded dY/X gives dW and dB by an all-reduce, never an all-gather) with no extra rules.
+"""
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxops.ops import _validate as v
+
+_AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+def _ints(op, label, value, n, default):
+    if value is None:
+        return (default,) * n
+    try:
+        out = tuple(v.integer(op, label, i) for i in value)
+    except TypeError:
+        v.fail(op, TypeError, f"{label} must be a sequence of ints, got {value!r}")
+    if len(out) != n:
+        v.fail(op, ValueError, f"{label} must have {n} entries, got {len(out)}")
+    return out
+
+
+def _auto_pad(op, auto_pad):
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if auto_pad not in _AUTO_PADS:
+        v.fail(op, ValueError, f"auto_pad must be one of {_AUTO_PADS}, got {auto_pad!r}")
+    return auto_pad
+
+
+class _Attrs:
+    """The Conv/ConvTranspose attributes, checked against X and W."""
+
+    def __init__(self, op, X, W, *, auto_pad, dilations, group, kernel_shape, pads, strides,
+                 transpose):
+        if X.ndim not in (3, 4, 5):
+            v.fail(op, ValueError, f"X must be N, C and 1 to 3 spatial dims, got shape {X.shape}")
+        if W.ndim != X.ndim:
+            v.fail(op, ValueError, f"W must have X's rank {X.ndim}, got shape {W.shape}")
+        n = X.ndim - 2
+        self.n = n
+        self.auto_pad = _auto_pad(op, auto_pad)
+        self.group = v.integer(op, "group", group)
+        self.dilations = _ints(op, "dilations", dilations, n, 1)
+        self.strides = _ints(op, "strides", strides, n, 1)
+        self.pads = _ints(op, "pads", pads, 2 * n, 0)
+        self.kernel = tuple(W.shape[2:])
+        if kernel_shape is not None and _ints(op, "kernel_shape", kernel_shape, n, 0) != self.kernel:
+            v.fail(op, ValueError, f"kernel_shape {tuple(kernel_shape)} differs from W's "
+                                   f"spatial shape {self.kernel}")
+        if self.group < 1 or min(self.strides + self.dilations) < 1 or min(self.pads) < 0:
+            v.fail(op, ValueError, "group, strides and dilations must be >= 1 and pads >= 0")
+        c_in = X.shape[1]
+        w_in = W.shape[0] if transpose else W.shape[1] * self.group
+        if c_in != w_in or c_in % self.group or (transpose and W.shape[0] % self.group) or (
+                not transpose and W.shape[0] % self.group):
+            v.fail(op, ValueError, f"channels do not match: X {X.shape}, W {W.shape}, "
+                                   f"group {self.group}")
+        self.effective = tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+
+    def conv_padding(self, spatial):
+        """(begin, end) padding of each spatial dim of a Conv over `spatial`."""
+        if self.auto_pad == "VALID":
+            return [(0, 0)] * self.n
+        if self.auto_pad == "NOTSET":
+            return list(zip(self.pads[:self.n], self.pads[self.n:]))
+        out = []
+        for size, s, e in zip(spatial, self.strides, self.effective):
+            total = max(0, (-(-size // s) - 1) * s + e - size)
+            small, large = total // 2, total - total // 2
+            out.append((small, large) if self.auto_pad == "SAME_UPPER" else (large, small))
+        return out
+
+
+def _dimension_numbers(n):
+    sp = "DHW"[-n:]
+    return "NC" + sp, "OI" + sp, "NC" + sp
+
+
+def _conv(x, w, attrs, padding, *, lhs_dilation=None):
+    """The forward convolution in x's dtype, accumulating f16/bf16 in f32."""
+    dtype = x.dtype
+    acc = v.compute_dtype(dtype)
+    y = lax.conv_general_dilated(
+        x, w, window_strides=attrs.strides if lhs_dilation is None else (1,) * attrs.n,
+        padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=attrs.dilations,
+        dimension_numbers=_dimension_numbers(attrs.n), feature_group_count=attrs.group,
+        precision=lax.Precision.HIGHEST, preferred_element_type=acc)
+    return y.astype(dtype)
+
+
+def _check_dy(op, dY, expected):
+    if tuple(dY.shape) != tuple(expected.shape):
+        v.fail(op, ValueError, f"dY must have the forward output's shape {tuple(expected.shape)},"
+                               f" got {dY.shape}")
+
+
+def _grads(op, dY, X, W, forward, wanted):
+    """(dX, dW, dB) of y = forward(X, W), each only if wanted."""
+    want_x, want_w, want_b = wanted
+    _check_dy(op, dY, jax.eval_shape(forward, X, W))
+    dX = dW = dB = None
+    if want_x:
+        (dX,) = jax.linear_transpose(lambda x: forward(x, W), X)(dY)
+    if want_w:
+        (dW,) = jax.linear_transpose(lambda w: forward(X, w), W)(dY)
+    if want_b:
+        acc = v.compute_dtype(dY.dtype)
+        axes = (0,) + tuple(range(2, dY.ndim))
+        dB = jnp.sum(dY.astype(acc), axis=axes).astype(dY.dtype)
+    return dX, dW, dB
+
+
+def _inputs(op, dY, X, W):
+    dY, X, W = jnp.asarray(dY), jnp.asarray(X), jnp.asarray(W)
+    v.floats(op, dY=dY, X=X, W=W)
+    return dY, X, W
+
+
+def conv(X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+         strides=None):
+    """ONNX Conv without bias (the forward ConvGrad differentiates; not an ORT training op)."""
+    X, W = jnp.asarray(X), jnp.asarray(W)
+    attrs = _Attrs("conv", X, W, auto_pad=auto_pad, dilations=dilations, group=group,
+                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
+    return _conv(X, W, attrs, attrs.conv_padding(X.shape[2:]))
+
+
+def conv_grad(dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+              pads=None, strides=None, outputs=(True, True, True)):
+    """ORT ConvGrad: (dX, dW, dB) of Y = Conv(X, W, B) given dY, with Conv's attributes.
+
+    auto_pad SAME_UPPER/SAME_LOWER pad to ceil(size / stride) outputs, the odd pixel at the
+    end/start; VALID pads nothing; NOTSET uses `pads` (begins then ends). Unwanted outputs
+    (`outputs`, see the module docstring) are None."""
+    op = "conv_grad"
+    dY, X, W = _inputs(op, dY, X, W)
+    wanted = v.outputs(op, outputs, 3)
+    attrs = _Attrs(op, X, W, auto_pad=auto_pad, dilations=dilations, group=group,
+                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
+    padding = attrs.conv_padding(X.shape[2:])
+    return _grads(op, dY, X, W, lambda x, w: _conv(x, w, attrs, padding), wanted)
+
+
+def _transpose_padding(op, attrs, spatial, output_padding, output_shape):
+    """ConvTranspose's (begin, end) crop of the full output, and the output padding, per dim.
+
+    Full output size: stride * (in - 1) + output_padding + effective_kernel. With output_shape
+    (or auto_pad SAME_*, whose output is in * stride) the total crop follows from the wanted
+    size and is split as ORT 1.19.2 splits it: SAME_UPPER crops the odd pixel at the end,
+    NOTSET/SAME_LOWER at the start. An output_shape beyond the full size zero-fills the end."""
+    n = attrs.n
+    adj = _ints(op, "output_padding", output_padding, n, 0)
+    if any(a < 0 or (a >= s and a >= d) for a, s, d in zip(adj, attrs.strides, attrs.dilations)):
+        v.fail(op, ValueError, f"output_padding {adj} must be below strides or dilations")
+    if output_shape is not None:
+        output_shape = tuple(v.integer(op, "output_shape", i) for i in output_shape)[-n:]
+        if len(output_shape) != n:
+            v.fail(op, ValueError, f"output_shape must give {n} spatial sizes")
+    elif attrs.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = tuple(i * s for i, s in zip(spatial, attrs.strides))
+    crops = []
+    for i in range(n):
+        full = attrs.strides[i] * (spatial[i] - 1) + adj[i] + attrs.effective[i]
+        if output_shape is None:
+            if attrs.auto_pad == "VALID":
+                crops.append((0, 0))
+            else:
+                crops.append((attrs.pads[i], attrs.pads[n + i]))
+            continue
+        total = full - output_shape[i]
+        crop = max(total, 0)  # a larger output_shape: ORT zero-fills the end
+        begin = crop // 2 if attrs.auto_pad == "SAME_UPPER" else crop - crop // 2
+        crops.append((begin, total - begin))
+    return crops, adj
+
+
+def _conv_transpose_fn(attrs, crops, adj):
+    """ConvTranspose(x, w) as one XLA convolution: input dilated by the strides, kernel
+    flipped with its in/out channels swapped per group."""
+    n, g = attrs.n, attrs.group
+    padding = [(e - 1 - b, e - 1 - t + a) for e, (b, t), a in zip(attrs.effective, crops, adj)]
+
+    def forward(x, w):
+        c_in, c_out_g = w.shape[0], w.shape[1]
+        k = w.reshape(g, c_in // g, c_out_g, *w.shape[2:])
+        k = jnp.swapaxes(k, 1, 2).reshape(g * c_out_g, c_in // g, *w.shape[2:])
+        k = jnp.flip(k, axis=tuple(range(2, 2 + n)))
+        return _conv(x, k, attrs, padding, lhs_dilation=attrs.strides)
+    return forward
+
+
+def conv_transpose(X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                   output_padding=None, output_shape=None, pads=None, strides=None):
+    """ONNX ConvTranspose without bias (the forward ConvTransposeGrad differentiates; not an
+    ORT training op). W is [C_in, C_out / group, k...]."""
+    X, W = jnp.asarray(X), jnp.asarray(W)
+    attrs = _Attrs("conv_transpose", X, W, auto_pad=auto_pad, dilations=dilations, group=group,
+                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=True)
+    crops, adj = _transpose_padding("conv_transpose", attrs, X.shape[2:], output_padding,
+                                    output_shape)
+    return _conv_transpose_fn(attrs, crops, adj)(X, W)
+
+
+def conv_transpose_grad(dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
+                        kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                        strides=None, outputs=(True, True, True)):
+    """ORT ConvTransposeGrad: (dX, dW, dB) of Y = ConvTranspose(X, W, B) given dY, with
+    ConvTranspose's attributes (W is [C_in, C_out / group, k...]). Unwanted outputs
+    (`outputs`, see the module docstring) are None. (ORT has no CPU kernel.)"""
+    op = "conv_transpose_grad"
+    dY, X, W = _inputs(op, dY, X, W)
+    wanted = v.outputs(op, outputs, 3)
+    attrs = _Attrs(op, X, W, auto_pad=auto_pad, dilations=dilations, group=group,
+                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=True)
+    crops, adj = _transpose_padding(op, attrs, X.shape[2:], output_padding, output_shape)
+    return _grads(op, dY, X, W, _conv_transpose_fn(attrs, crops, adj), wanted)
+
+
+__all__ = ["conv_grad", "conv_transpose_grad"]
+
+ORT_OPS = {
+    ("com.microsoft", "ConvGrad"): conv_grad,
+    ("com.microsoft", "ConvTransposeGrad"): conv_transpose_grad,
+}

@@ -1,0 +1,96 @@
+"""ResizeGrad (com.microsoft): the adjoint of a 4-D NCHW bilinear Resize, as XLA scatter-adds.
+
+ORT's ResizeGrad (a CUDA kernel; none on CPU) accepts only mode="linear", the
+coordinate_transformation_modes "half_pixel" (default) and "align_corners", no `axes`, no
+antialias and keep_aspect_ratio_policy="stretch"; anything else raises ValueError here too.
+Per spatial dim (H, W), output pixel o reads input position
+  align_corners: o * (in - 1) / (out - 1)   (0 when out == 1)
+  half_pixel:    max(0, (o + 0.5) / scale - 0.5), scale = scales[d] when the `scales`
+                 input is given (non-empty), else out / in
+and the gradient of o is spread onto floor(position) and the next pixel (the same one at the
+last pixel) with weights 1 - frac and frac; the 2-D weight is the product of the H and W
+ones. This is exactly the adjoint of ONNX Resize(mode=linear) for these modes (tested
+against ORT's CPU Resize). `roi` is ignored, as ORT does. f16/bf16 accumulate in f32 (ORT's
+kernel accumulates atomically in the data type).
+"""
+import jax.numpy as jnp
+
+from jaxops.ops import _validate as v
+
+_MODES = ("half_pixel", "align_corners")
+
+
+def _str(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def source_taps(in_size, out_size, align_corners, scale=None):
+    """(lo, hi, w_lo, w_hi): the two input pixels each output pixel reads and their weights
+    (f32), for one spatial dim. `scale` (half_pixel only) may be a traced scalar."""
+    dst = jnp.arange(out_size, dtype=jnp.float32)
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        src = dst * jnp.float32(ratio)
+    else:
+        ratio = (jnp.float32(in_size) / jnp.float32(out_size) if scale is None
+                 else 1 / scale.astype(jnp.float32))
+        src = jnp.maximum(ratio * (dst + 0.5) - 0.5, 0.0)
+    lo = jnp.minimum(src.astype(jnp.int32), in_size - 1)
+    hi = jnp.where(lo < in_size - 1, lo + 1, lo)
+    frac = src - lo
+    return lo, hi, 1 - frac, frac
+
+
+def _scales(op, scales):
+    if scales is None:
+        return None
+    scales = jnp.asarray(scales)
+    if scales.size == 0:
+        return None
+    if scales.dtype not in v.FLOATS or scales.shape != (4,):
+        v.fail(op, ValueError, f"scales must be 4 floats (N, C, H, W), got "
+                               f"{scales.dtype}{scales.shape}")
+    return scales
+
+
+def resize_grad(dY, X, roi=None, scales=None, *, mode,
+                coordinate_transformation_mode="half_pixel", antialias=0, axes=None,
+                keep_aspect_ratio_policy="stretch", cubic_coeff_a=-0.75, exclude_outside=0,
+                extrapolation_value=0.0, nearest_mode="round_prefer_floor"):
+    """ORT ResizeGrad: dX (X's shape) from dY, the gradient of Y = Resize(X, roi, scales)
+    with mode="linear" (see the module docstring). X supplies only its shape. Resize's
+    attributes are accepted as ORT's builder copies them; cubic_coeff_a, exclude_outside,
+    extrapolation_value and nearest_mode do not affect linear mode."""
+    op = "resize_grad"
+    dY, X = jnp.asarray(dY), jnp.asarray(X)
+    dtype = v.floats(op, dY=dY, X=X)
+    if _str(mode) != "linear":
+        v.fail(op, ValueError, f"only mode='linear' is supported (as in ORT), got {mode!r}")
+    ctm = _str(coordinate_transformation_mode)
+    if ctm not in _MODES:
+        v.fail(op, ValueError, f"coordinate_transformation_mode must be one of {_MODES} "
+                               f"(as in ORT), got {ctm!r}")
+    if antialias or axes is not None or _str(keep_aspect_ratio_policy) != "stretch":
+        v.fail(op, ValueError, "antialias, axes and keep_aspect_ratio_policy other than "
+                               "'stretch' are not supported (as in ORT)")
+    if X.ndim != 4 or dY.ndim != 4 or dY.shape[:2] != X.shape[:2]:
+        v.fail(op, ValueError, f"dY and X must be NCHW with equal N and C, got {dY.shape} "
+                               f"and {X.shape}")
+    scales = _scales(op, scales)
+    align = ctm == "align_corners"
+    (h_in, w_in), (h_out, w_out) = X.shape[2:], dY.shape[2:]
+    h = source_taps(h_in, h_out, align, None if scales is None else scales[2])
+    w = source_taps(w_in, w_out, align, None if scales is None else scales[3])
+    acc = v.compute_dtype(dtype)
+    dy = dY.astype(acc)
+    dX = jnp.zeros(X.shape, acc)
+    for hi, hw in ((h[0], h[2]), (h[1], h[3])):
+        for wi, ww in ((w[0], w[2]), (w[1], w[3])):
+            weight = (hw[:, None] * ww[None, :]).astype(acc)
+            dX = dX.at[:, :, hi[:, None], wi[None, :]].add(dy * weight)
+    return dX.astype(dtype)
+
+
+__all__ = ["resize_grad"]
+
+ORT_OPS = {("com.microsoft", "ResizeGrad"): resize_grad}

@@ -1,0 +1,289 @@
+"""Activation gradients, FakeQuantGrad and DivGrad (XLA code) against independent references."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.test_util import check_grads
+
+from jaxops import ops
+from jaxops.reference import activation as ref
+from helpers import DTYPE_IDS, FLOAT_DTYPES, assert_close, on_cpu_devices
+
+
+def _normal(rng, shape, dtype):
+    return jnp.asarray(rng.standard_normal(shape) * 2, dtype)
+
+
+# forward-output makers for the ops that take Y
+_Y = {
+    "sigmoid_grad": lambda x: 1 / (1 + np.exp(-x)),
+    "tanh_grad": np.tanh,
+    "leaky_relu_grad": lambda x: np.where(x > 0, x, 0.01 * x),
+}
+
+# (name, op, reference, extra kwargs) for the (dY, X-or-Y) ops
+UNARY = [
+    ("relu_grad", ops.relu_grad, ref.relu_grad, {}),
+    ("sigmoid_grad", ops.sigmoid_grad, ref.sigmoid_grad, {}),
+    ("tanh_grad", ops.tanh_grad, ref.tanh_grad, {}),
+    ("gelu_grad", ops.gelu_grad, ref.gelu_grad, {}),
+    ("fast_gelu_grad", ops.fast_gelu_grad, ref.fast_gelu_grad, {}),
+    ("quick_gelu_grad", ops.quick_gelu_grad, ref.quick_gelu_grad, {}),
+    ("quick_gelu_grad_alpha", ops.quick_gelu_grad, ref.quick_gelu_grad, {"alpha": 1.1}),
+    ("leaky_relu_grad", ops.leaky_relu_grad, ref.leaky_relu_grad, {}),
+    ("leaky_relu_grad_alpha", ops.leaky_relu_grad, ref.leaky_relu_grad, {"alpha": 0.2}),
+]
+UNARY_IDS = [u[0] for u in UNARY]
+SHAPES = [(5, 33), (2, 3, 4), (0, 5)]
+
+
+def unary_inputs(rng, name, shape, dtype):
+    x = rng.standard_normal(shape) * 2
+    y = _Y.get(name.replace("_alpha", ""), lambda x: x)(x)
+    return _normal(rng, shape, dtype), jnp.asarray(y, dtype)
+
+
+def f64(*args):
+    return [jnp.asarray(a, jnp.float64) for a in args]
+
+
+@pytest.mark.parametrize("name,op,reference,kw", UNARY, ids=UNARY_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_unary_matches_reference(rng, name, op, reference, kw, dtype, shape):
+    dy, x = unary_inputs(rng, name, shape, dtype)
+    out = op(dy, x, **kw)
+    assert out.dtype == dtype and out.shape == shape
+    assert_close(out, reference(*f64(dy, x), **kw), dtype)
+
+
+BIAS = [("bias_gelu_grad_dx", ops.bias_gelu_grad_dx, ref.bias_gelu_grad_dx),
+        ("bias_fast_gelu_grad_dx", ops.bias_fast_gelu_grad_dx, ref.bias_fast_gelu_grad_dx)]
+
+
+@pytest.mark.parametrize("name,op,reference", BIAS, ids=[b[0] for b in BIAS])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(6,), (4, 9), (2, 3, 8)], ids=str)
+def test_bias_matches_reference(rng, name, op, reference, dtype, shape):
+    dy, x, b = (_normal(rng, s, dtype) for s in (shape, shape, shape[-1:]))
+    out = op(dy, x, b)
+    assert out.dtype == dtype and out.shape == shape
+    # the op forms X + B once in its compute dtype: hand the reference that same sum
+    t = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    xb = x.astype(t) + b.astype(t)
+    assert_close(out, reference(*f64(dy, xb, jnp.zeros_like(b))), dtype)
+
+
+def test_exact_points():
+    z = jnp.array([-1.0, 0.0, 2.0])
+    one = jnp.ones(3)
+    np.testing.assert_array_equal(ops.relu_grad(one, z), [0, 0, 1])  # 0 at X == 0
+    np.testing.assert_allclose(ops.leaky_relu_grad(one, z), [0.01, 0.01, 1], rtol=1e-6)
+    np.testing.assert_allclose(ops.leaky_relu_grad(one, z, alpha=0.5), [0.5, 0.5, 1])
+    np.testing.assert_allclose(ops.gelu_grad(one, jnp.zeros(3)), 0.5)
+    np.testing.assert_allclose(ops.fast_gelu_grad(one, jnp.zeros(3)), 0.5)
+    np.testing.assert_allclose(ops.quick_gelu_grad(one, jnp.zeros(3)), 0.5)
+    assert ops.quick_gelu_grad.__kwdefaults__ is None
+    assert ops.quick_gelu_grad.__defaults__ == (1.702,)
+    assert ops.leaky_relu_grad.__defaults__ == (0.01,)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_fake_quant_grad(rng, dtype):
+    dy = _normal(rng, (5, 7), dtype)
+    mask = jnp.asarray(rng.random((5, 7)) > 0.3)
+    out = ops.fake_quant_grad(dy, mask)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, ref.fake_quant_grad(dy, mask))
+    np.testing.assert_array_equal(out, np.where(mask, dy, 0))
+
+
+DIV_SHAPES = [((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 4), (3, 1)), ((2, 1, 4), (3, 1)),
+              ((4,), (2, 3, 4)), ((1,), (5, 2)), ((), (3,)), ((2, 3), ())]
+
+
+def div_inputs(rng, a_shape, b_shape, dtype):
+    full = np.broadcast_shapes(a_shape, b_shape)
+    a = _normal(rng, a_shape, dtype)
+    b = jnp.asarray((rng.random(b_shape) + 0.5) * rng.choice([-1, 1], b_shape), dtype)
+    return _normal(rng, full, dtype), a, b
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("a_shape,b_shape", DIV_SHAPES, ids=str)
+def test_div_grad(rng, dtype, a_shape, b_shape):
+    dy, a, b = div_inputs(rng, a_shape, b_shape, dtype)
+    da, db = ops.div_grad(dy, a, b)
+    ea, eb = ref.div_grad(*f64(dy, a, b))
+    assert da.shape == a_shape and db.shape == b_shape and da.dtype == db.dtype == dtype
+    assert_close(da, ea, dtype, ulps=16)
+    assert_close(db, eb, dtype, ulps=16)
+
+
+def test_div_grad_outputs_keyword(rng):
+    dy, a, b = div_inputs(rng, (3, 4), (4,), jnp.float32)
+    da, db = ops.div_grad(dy, a, b, outputs=(True, False))
+    assert db is None and da.shape == (3, 4)
+    da, db = ops.div_grad(dy, a, b, outputs=(False, True))
+    assert da is None and db.shape == (4,)
+    # an unwanted output is not computed: its math is absent from the jaxpr
+    jaxpr = str(jax.make_jaxpr(lambda *x: ops.div_grad(*x, outputs=(True, False)))(dy, a, b))
+    assert "mul" not in jaxpr and "neg" not in jaxpr
+
+
+# every op as (name, fn, args maker, float argnums): for the transformation tests
+def _all_ops():
+    out = []
+    for name, op, _, kw in UNARY:
+        out.append((name, functools.partial(op, **kw),
+                    functools.partial(unary_inputs, name=name), (0, 1)))
+    for name, op, _ in BIAS:
+        out.append((name, op, lambda rng, shape, dtype: tuple(
+            _normal(rng, s, dtype) for s in (shape, shape, shape[-1:])), (0, 1, 2)))
+    out.append(("fake_quant_grad", ops.fake_quant_grad, lambda rng, shape, dtype: (
+        _normal(rng, shape, dtype), jnp.asarray(rng.random(shape) > 0.5)), (0,)))
+    out.append(("div_grad", ops.div_grad, lambda rng, shape, dtype: div_inputs(
+        rng, shape, shape[-1:], dtype), (0, 1, 2)))
+    return out
+
+
+ALL = _all_ops()
+ALL_IDS = [a[0] for a in ALL]
+
+
+def _call(maker, rng, shape, dtype=jnp.float64):
+    if "name" in getattr(maker, "keywords", {}):
+        return maker(rng, shape=shape, dtype=dtype)
+    return maker(rng, shape, dtype)
+
+
+def _batch(maker, rng, core, n=3):
+    """n examples of the op's inputs at `core`, stacked on a new axis 0."""
+    examples = [_call(maker, rng, core) for _ in range(n)]
+    return [jnp.stack(xs) for xs in zip(*examples)]
+
+
+def _assert_tree_close(got, want, **kw):
+    kw = {"rtol": 1e-10, "atol": 1e-12, **kw}
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, **kw), got, want)
+
+
+@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
+def test_jit_matches_eager(rng, name, fn, maker, argnums):
+    args = _call(maker, rng, (4, 6), jnp.float32)
+    _assert_tree_close(jax.jit(fn)(*args), fn(*args), rtol=1e-5, atol=1e-5)  # fusion rounds differently
+
+
+@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
+def test_vmap(rng, name, fn, maker, argnums):
+    args = _batch(maker, rng, (5, 6))
+    n = len(args)
+    expected = [fn(*[a[k] for a in args]) for k in range(3)]
+    stacked = jax.tree.map(lambda *e: jnp.stack(e), *expected)
+    patterns = [(0,) * n, (1,) * n, (-1,) * n]
+    patterns += [tuple(None if i == j else 0 for i in range(n)) for j in range(n)]
+    for in_axes in patterns:
+        batched = [a[0] if ax is None else jnp.moveaxis(a, 0, ax) for a, ax in zip(args, in_axes)]
+        got = jax.vmap(fn, in_axes=in_axes)(*batched)
+        if None in in_axes:  # the unbatched operand is example 0 for everyone
+            j = in_axes.index(None)
+            want = jax.tree.map(lambda *e: jnp.stack(e), *[
+                fn(*[args[i][0] if i == j else args[i][k] for i in range(n)]) for k in range(3)])
+        else:
+            want = stacked
+        _assert_tree_close(got, want)
+
+
+@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
+def test_vmap_of_grad(rng, name, fn, maker, argnums):
+    args = _batch(maker, rng, (4, 5))
+
+    def grad(*a):  # the gradient of a scalar loss w.r.t. the op's float operands
+        def loss(*floats):
+            full = list(a)
+            for i, x in zip(argnums, floats):
+                full[i] = x
+            return sum(jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(fn(*full)))
+        return jax.grad(loss, tuple(range(len(argnums))))(*[a[i] for i in argnums])
+
+    stack = lambda trees: jax.tree.map(lambda *e: jnp.stack(e), *trees)
+    _assert_tree_close(jax.vmap(grad)(*args), stack([grad(*[a[k] for a in args])
+                                                     for k in range(3)]))
+    # an unbatched first operand, as vmap(grad) meets shared inputs
+    got = jax.vmap(grad, in_axes=(None,) + (0,) * (len(args) - 1))(args[0][0], *args[1:])
+    _assert_tree_close(jax.tree.map(lambda g: g[1], got),
+                       grad(args[0][0], *[a[1] for a in args[1:]]))
+
+
+@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
+def test_check_grads_order2(rng, name, fn, maker, argnums):
+    args = list(_call(maker, rng, (3, 4)))
+    def f(*floats):
+        full = list(args)
+        for i, x in zip(argnums, floats):
+            full[i] = x
+        return fn(*full)
+    check_grads(f, tuple(args[i] for i in argnums), order=2, modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("spec", [P("x"), P("x", None)], ids=str)
+def test_sharded_input_is_not_gathered(rng, name, fn, maker, argnums, spec):
+    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
+    args = _call(maker, rng, (8, 6), jnp.float32)
+    sharding = NamedSharding(mesh, spec)
+    placed = [jax.device_put(a, sharding) if a.shape[:1] == (8,) else a for a in args]
+    jitted = jax.jit(fn)
+    hlo = jitted.lower(*placed).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo
+    out = jax.tree.leaves(jitted(*placed))
+    assert out[0].sharding.spec[:1] == ("x",)
+    _assert_tree_close(out, jax.tree.leaves(fn(*args)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
+def test_bad_input(rng, name, fn, maker, argnums):
+    op = name.replace("_alpha", "")
+    good = _call(maker, rng, (2, 4), jnp.float32)
+    cases = [(0, jnp.ones((2, 4), jnp.int32), TypeError, "must be float16"),
+             (0, jnp.ones((2, 4), jnp.float64), TypeError, "share one dtype"),
+             (0, jnp.ones((3, 4), jnp.float32), ValueError, "shape")]
+    if op == "fake_quant_grad":
+        cases[1] = (1, jnp.ones((2, 4), jnp.float32), TypeError, "must be bool")
+    for i, bad, error, text in cases:
+        args = list(good)
+        args[i] = bad
+        for call in (fn, jax.jit(fn)):
+            with pytest.raises(error, match=text) as info:
+                call(*args)
+            assert f"jaxops.ops.{op}" in str(info.value)
+
+
+def test_bad_attributes():
+    one = jnp.ones(3)
+    with pytest.raises(TypeError, match="jaxops.ops.quick_gelu_grad: alpha"):
+        ops.quick_gelu_grad(one, one, alpha="1")
+    with pytest.raises(ValueError, match="jaxops.ops.bias_gelu_grad_dx: B must be 1-D"):
+        ops.bias_gelu_grad_dx(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="jaxops.ops.div_grad: .* do not broadcast"):
+        ops.div_grad(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((2,)))
+    with pytest.raises(ValueError, match="jaxops.ops.div_grad: dY must have"):
+        ops.div_grad(jnp.ones((3,)), jnp.ones((2, 3)), jnp.ones((3,)))
+    with pytest.raises(TypeError, match="jaxops.ops.div_grad: outputs must be 2 bools"):
+        ops.div_grad(one, one, one, outputs=(True,))
+
+
+def test_ort_ops_table():
+    ms = "com.microsoft"
+    for op_type, fn in [("ReluGrad", ops.relu_grad), ("SigmoidGrad", ops.sigmoid_grad),
+                        ("TanhGrad", ops.tanh_grad), ("GeluGrad", ops.gelu_grad),
+                        ("FastGeluGrad", ops.fast_gelu_grad),
+                        ("QuickGeluGrad", ops.quick_gelu_grad),
+                        ("LeakyReluGrad", ops.leaky_relu_grad),
+                        ("BiasGeluGrad_dX", ops.bias_gelu_grad_dx),
+                        ("BiasFastGeluGrad_dX", ops.bias_fast_gelu_grad_dx),
+                        ("FakeQuantGrad", ops.fake_quant_grad), ("DivGrad", ops.div_grad)]:
+        assert ops.ORT_OPS[(ms, op_type)] is fn

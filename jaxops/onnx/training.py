@@ -58,7 +58,9 @@ def _load_program(model: onnx.ModelProto):
 
 def _run(program, feeds: dict) -> dict:
     """Runs an imported program on named inputs; returns its outputs by name."""
-    return dict(zip(program.output_names, program.run(program.params, **feeds)))
+    # positionally: a graph input may be called "params" (ORT's optimizer graphs do that)
+    outs = program.run(program.params, *[feeds[n] for n in program.input_names])
+    return dict(zip(program.output_names, outs))
 
 
 def _expose(graph: onnx.GraphProto, node: onnx.NodeProto, index: int, name: str,

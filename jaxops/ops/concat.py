@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
-from jaxops.ops._args import static_ints
+from jaxops.ops._args import named, static_ints
 from jaxops.reference import concat as ref
 
 _DTYPES = tuple(np.dtype(d) for d in (
@@ -210,11 +210,8 @@ def split_training(input, split, axis=0, num_outputs=None):
     error, as in ORT's kernel. Returns a tuple of the pieces.
     """
     x = jnp.asarray(input)
-    try:
-        ndim_axis = _check_axis(axis, x.ndim)
-        sizes = _static_sizes(split, x.shape[ndim_axis], num_outputs)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"jaxops.ops.split_training: {e}") from None
+    with named("split_training"):
+        sizes = _static_sizes(split, x.shape[_check_axis(axis, x.ndim)], num_outputs)
     return _SPLIT(x, sizes=sizes, axis=axis)
 
 

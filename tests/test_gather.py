@@ -508,3 +508,31 @@ def test_ort_ops_table():
     assert ops.ORT_OPS[(ms, "GatherElementsGrad")] is ops.gather_elements_grad
     assert ops.ORT_OPS[(ms, "GatherNDGrad")] is ops.gather_nd_grad
     assert ops.ORT_OPS[(ms, "SliceGrad")] is ops.slice_grad
+
+
+# ---------------------------------------------------------------------------------------------
+# Large shapes on the GPU: many chunks, long Zipf runs, 16-byte vectors; the same bits each run
+
+
+def np_gather_grad_fast(v, ids, dy):
+    out = np.zeros((v, dy.shape[1]))
+    k = np.where(ids < 0, ids + v, ids)
+    keep = (k >= 0) & (k < v)
+    np.add.at(out, k[keep], f64(dy)[keep])
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("v,d,n,zipf", [(50304, 64, 16384, 1.2), (1024, 256, 65536, None),
+                                        (7, 1000, 20000, None), (3000, 1, 40000, 1.1)], ids=str)
+def test_gather_grad_large_on_gpu(rng, dtype, v, d, n, zipf):
+    if jax.default_backend() != "gpu":
+        pytest.skip("runs on the GPU (JAX_PLATFORMS=cuda)")
+    ids = (np.minimum(rng.zipf(zipf, n) - 1, v + 5) if zipf else rng.integers(-v, v + 5, n))
+    ids = jnp.asarray(ids, jnp.int32)
+    dy = random_float(rng, (n, d), dtype)
+    fn = jax.jit(lambda i, g: ops.gather_grad((v, d), i, g))
+    first = np.asarray(fn(ids, dy).astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(fn(ids, dy).astype(jnp.float32)), first)
+    assert_close(first, np_gather_grad_fast(v, np.asarray(ids), dy), dtype, ulps=64)

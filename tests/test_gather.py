@@ -1,5 +1,4 @@
 """GatherGrad, GatherElementsGrad, GatherNDGrad, SliceGrad and jaxops.nn.gather/embedding."""
-import functools
 import math
 
 import jax
@@ -305,7 +304,6 @@ def test_gather_elements_grad_bad_input():
 def np_gather_nd_grad(shape, idx, upd, b):
     out = np.zeros(shape)
     idx, upd = np.asarray(idx), f64(upd)
-    k = idx.shape[-1]
     for pos in np.ndindex(*idx.shape[:-1]):
         comps = [np_wrap(int(c), shape[b + j]) for j, c in enumerate(idx[pos])]
         if None not in comps:
@@ -379,7 +377,6 @@ SLICES = [
 
 
 def np_slice(shape, starts, ends, axes, steps):
-    x = np.arange(math.prod(shape)).reshape(shape)
     where = [slice(None)] * len(shape)
     axes = list(range(len(starts))) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps

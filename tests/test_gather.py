@@ -235,6 +235,20 @@ def test_disable_routes_to_reference(rng, monkeypatch):
     assert "jaxops_gather_grad" in trace()
 
 
+@pytest.mark.parametrize("name,call", [
+    ("gather_elements_grad", lambda i, g: ops.gather_elements_grad(g, (5, 3), i[:, None] % 5)),
+    ("gather_nd_grad", lambda i, g: ops.gather_nd_grad((5, 3), i[:, None], g)),
+])
+def test_disable_composites(rng, monkeypatch, name, call):
+    idx = random_indices(rng, (7,), 5)
+    dy = random_float(rng, (7, 3), jnp.float32) if name == "gather_nd_grad" else \
+        random_float(rng, (7, 1), jnp.float32)
+    want = call(idx, dy)
+    monkeypatch.setenv("JAXOPS_DISABLE", name)
+    assert "jaxops_gather_grad" not in str(jax.make_jaxpr(call)(idx, dy))
+    np.testing.assert_allclose(call(idx, dy), want, rtol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # GatherElementsGrad
 

@@ -1,5 +1,4 @@
 """GatherGrad, GatherElementsGrad, GatherNDGrad, SliceGrad and jaxops.nn.gather/embedding."""
-import functools
 import math
 
 import jax
@@ -236,6 +235,20 @@ def test_disable_routes_to_reference(rng, monkeypatch):
     assert "jaxops_gather_grad" in trace()
 
 
+@pytest.mark.parametrize("name,call", [
+    ("gather_elements_grad", lambda i, g: ops.gather_elements_grad(g, (5, 3), i[:, None] % 5)),
+    ("gather_nd_grad", lambda i, g: ops.gather_nd_grad((5, 3), i[:, None], g)),
+])
+def test_disable_composites(rng, monkeypatch, name, call):
+    idx = random_indices(rng, (7,), 5)
+    dy = random_float(rng, (7, 3), jnp.float32) if name == "gather_nd_grad" else \
+        random_float(rng, (7, 1), jnp.float32)
+    want = call(idx, dy)
+    monkeypatch.setenv("JAXOPS_DISABLE", name)
+    assert "jaxops_gather_grad" not in str(jax.make_jaxpr(call)(idx, dy))
+    np.testing.assert_allclose(call(idx, dy), want, rtol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # GatherElementsGrad
 
@@ -305,7 +318,6 @@ def test_gather_elements_grad_bad_input():
 def np_gather_nd_grad(shape, idx, upd, b):
     out = np.zeros(shape)
     idx, upd = np.asarray(idx), f64(upd)
-    k = idx.shape[-1]
     for pos in np.ndindex(*idx.shape[:-1]):
         comps = [np_wrap(int(c), shape[b + j]) for j, c in enumerate(idx[pos])]
         if None not in comps:
@@ -379,7 +391,6 @@ SLICES = [
 
 
 def np_slice(shape, starts, ends, axes, steps):
-    x = np.arange(math.prod(shape)).reshape(shape)
     where = [slice(None)] * len(shape)
     axes = list(range(len(starts))) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
@@ -508,3 +519,31 @@ def test_ort_ops_table():
     assert ops.ORT_OPS[(ms, "GatherElementsGrad")] is ops.gather_elements_grad
     assert ops.ORT_OPS[(ms, "GatherNDGrad")] is ops.gather_nd_grad
     assert ops.ORT_OPS[(ms, "SliceGrad")] is ops.slice_grad
+
+
+# ---------------------------------------------------------------------------------------------
+# Large shapes on the GPU: many chunks, long Zipf runs, 16-byte vectors; the same bits each run
+
+
+def np_gather_grad_fast(v, ids, dy):
+    out = np.zeros((v, dy.shape[1]))
+    k = np.where(ids < 0, ids + v, ids)
+    keep = (k >= 0) & (k < v)
+    np.add.at(out, k[keep], f64(dy)[keep])
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("v,d,n,zipf", [(50304, 64, 16384, 1.2), (1024, 256, 65536, None),
+                                        (7, 1000, 20000, None), (3000, 1, 40000, 1.1)], ids=str)
+def test_gather_grad_large_on_gpu(rng, dtype, v, d, n, zipf):
+    if jax.default_backend() != "gpu":
+        pytest.skip("runs on the GPU (JAX_PLATFORMS=cuda)")
+    ids = (np.minimum(rng.zipf(zipf, n) - 1, v + 5) if zipf else rng.integers(-v, v + 5, n))
+    ids = jnp.asarray(ids, jnp.int32)
+    dy = random_float(rng, (n, d), dtype)
+    fn = jax.jit(lambda i, g: ops.gather_grad((v, d), i, g))
+    first = np.asarray(fn(ids, dy).astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(fn(ids, dy).astype(jnp.float32)), first)
+    assert_close(first, np_gather_grad_fast(v, np.asarray(ids), dy), dtype, ulps=64)

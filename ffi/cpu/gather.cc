@@ -1,6 +1,7 @@
 // CPU handler of GatherGrad (gather.h has the semantics). Deterministic: every output row
 // sums its dY rows in increasing position order.
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -20,21 +21,29 @@ void run(const View& w, const I* idx, const T* dy, T* dx) {
   A* acc;
   if constexpr (std::is_same_v<T, A>) {
     acc = dx;  // f32 / f64 accumulate in place
+    std::fill(acc, acc + count, A(0));
   } else {
-    buffer.resize(count);
+    buffer.assign(count, A(0));
     acc = buffer.data();
+    std::memset(dx, 0, count * sizeof(T));  // +0.0 in f16 and bf16
   }
-  std::fill(acc, acc + count, A(0));
+  std::vector<char> touched(w.v, 0);  // rows some index addresses: the only ones to convert
   for (int64_t o = 0; o < w.outer; ++o)
     for (int64_t p = 0; p < w.n; ++p) {
       const int64_t k = wrap_index(static_cast<int64_t>(idx[p]), w.v);
       if (k < 0) continue;  // out of range: dropped
+      touched[k] = 1;
       A* out = acc + (o * w.v + k) * w.inner;
       const int64_t in = (o * w.n + p) * w.inner;
       for (int64_t i = 0; i < w.inner; ++i) out[i] += load(dy, in + i);
     }
   if constexpr (!std::is_same_v<T, A>)
-    for (int64_t j = 0; j < count; ++j) store(dx, j, acc[j]);
+    for (int64_t o = 0; o < w.outer; ++o)
+      for (int64_t k = 0; k < w.v; ++k) {
+        if (!touched[k]) continue;
+        const int64_t row = (o * w.v + k) * w.inner;
+        for (int64_t i = 0; i < w.inner; ++i) store(dx, row + i, acc[row + i]);
+      }
 }
 
 ffi::Error gather_grad(ffi::AnyBuffer indices, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dx,

@@ -181,7 +181,7 @@ combine(const uint32_t* keys, Dims d, const acc_t<T>* partial, T* dx) {
     const A* p = partial_at<const A, VEC>(partial, chunk, 1, j, d.cols);
 #pragma unroll
     for (int t = 0; t < VEC; ++t) acc[t] = p[t];
-#pragma unroll 4
+#pragma unroll 8
     for (int64_t c = chunk + 1; c <= last; ++c) {  // the chunks the run spans, in order
       const A* q = partial_at<const A, VEC>(partial, c, 0, j, d.cols);
 #pragma unroll

@@ -56,7 +56,7 @@ def _static_ints(fail, value, what):
     if arr is None or arr.dtype == object:
         fail(TypeError, f"{what} must be static (a tuple, list or concrete array), got a traced "
                         "value; pass it as a Python/numpy value or mark it static under jit")
-    if arr.ndim != 1 and not (arr.ndim == 0 and arr.size == 0):
+    if arr.ndim != 1:
         fail(ValueError, f"{what} must be 1-D, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         fail(TypeError, f"{what} must hold integers, got {arr.dtype}")

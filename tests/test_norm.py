@@ -371,6 +371,20 @@ def test_nn_layer_norm_and_rms_norm(rng, axis):  # axis 1: every dim from 1 on i
                     modes=("rev",))
 
 
+def test_nn_vmap_of_grad(rng):
+    # per-example x, shared or per-example scale/bias
+    x = jnp.asarray(rng.standard_normal((3, 4, 5)))
+    s, b = jnp.asarray(rng.standard_normal(5)), jnp.asarray(rng.standard_normal(5))
+    loss = lambda f: lambda x, s, b: jnp.sum(jnp.sin(f(x, s, b)))
+    for in_axes in ((0, None, None), (0, 0, 0)):
+        sb = (s, b) if in_axes[1] is None else (jnp.stack([s] * 3) * 1.1, jnp.stack([b] * 3))
+        got = jax.jit(jax.vmap(jax.grad(loss(jaxops.nn.layer_norm), (0, 1, 2)), in_axes))(x, *sb)
+        want = jax.vmap(jax.grad(loss(lambda *a: _plain_layer_norm(*a, -1)), (0, 1, 2)),
+                        in_axes)(x, *sb)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [f32, f16, bf16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("param_dtype", [f32, None], ids=["f32-params", "same-params"])
 def test_nn_grad_dtypes(rng, dtype, param_dtype):

@@ -90,8 +90,9 @@ def test_ln_matches_reference(rng, op, types, shape, axis):
     for o in outs[1:]:
         assert o.dtype == V and o.shape == args[2].shape
     assert_ln_close(op, outs, expected, args)
-    # the fallback agrees too
-    assert_ln_close(op, jax.jit(functools.partial(LN_REF[op], axis=axis))(*args), expected, args)
+    if shape == (5, 33):  # the fallback (JAXOPS_DISABLE) agrees too
+        assert_ln_close(op, jax.jit(functools.partial(LN_REF[op], axis=axis))(*args), expected,
+                        args)
 
 
 @pytest.mark.parametrize("op", LN_OPS)
@@ -321,7 +322,7 @@ def test_ln_check_grads_order2(rng, op):
 def test_bn_grad_check_grads_order2(rng):
     d = make_bn(rng, (3, 2, 2))
     check_grads(jax.jit(functools.partial(ops.batch_normalization_grad, epsilon=1e-5)),
-                (d["dy"], d["x"], d["scale"], d["mean"], d["inv"]), order=2, modes=("fwd", "rev"))
+                (d["dy"], d["x"], d["scale"], d["mean"], d["inv"]), order=2, modes=("rev",))
 
 
 def test_batch_norm_internal_check_grads_order2(rng):
@@ -368,6 +369,20 @@ def test_nn_layer_norm_and_rms_norm(rng, axis):  # axis 1: every dim from 1 on i
                     order=2, modes=("rev",))
         check_grads(jax.jit(lambda x, s: jaxops.nn.rms_norm(x, s, axis)), (x, s), order=2,
                     modes=("rev",))
+
+
+def test_nn_vmap_of_grad(rng):
+    # per-example x, shared or per-example scale/bias
+    x = jnp.asarray(rng.standard_normal((3, 4, 5)))
+    s, b = jnp.asarray(rng.standard_normal(5)), jnp.asarray(rng.standard_normal(5))
+    loss = lambda f: lambda x, s, b: jnp.sum(jnp.sin(f(x, s, b)))
+    for in_axes in ((0, None, None), (0, 0, 0)):
+        sb = (s, b) if in_axes[1] is None else (jnp.stack([s] * 3) * 1.1, jnp.stack([b] * 3))
+        got = jax.jit(jax.vmap(jax.grad(loss(jaxops.nn.layer_norm), (0, 1, 2)), in_axes))(x, *sb)
+        want = jax.vmap(jax.grad(loss(lambda *a: _plain_layer_norm(*a, -1)), (0, 1, 2)),
+                        in_axes)(x, *sb)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [f32, f16, bf16], ids=["f32", "f16", "bf16"])
@@ -559,3 +574,25 @@ def test_bn_large_shapes(rng, shape):
     exp = ref.batch_normalization_grad(*[jnp.asarray(d[k], f64) for k in ("dy", "x", "scale", "mean", "inv")])
     for o, e in zip(outs, exp):
         assert_close(o, e, o.dtype, ulps=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", LN_OPS)
+def test_gpu_many_rows_per_block_deterministic(rng, op):
+    # thousands of rows: each block walks many rows (the prefetching loop) and many blocks'
+    # partial column sums meet in col_sums; repeated runs must agree bit for bit
+    if jax.default_backend() != "gpu":
+        pytest.skip("needs a CUDA device")
+    args = make_ln(rng, op, (4096, 4096), -1, (bf16, f32, bf16))
+    fn = jax.jit(_ln_call(op))
+    first = fn(*args)
+    assert_ln_close(op, first, f64_expected(op, args, -1), args, ulps=64)
+    for _ in range(3):
+        for a, b in zip(fn(*args), first):
+            np.testing.assert_array_equal(a, b)
+    d = make_bn(rng, (64, 32, 14, 14), (bf16, f32, f32))
+    g = jax.jit(ops.batch_normalization_grad)
+    out = g(d["dy"], d["x"], d["scale"], d["mean"], d["inv"])
+    for _ in range(3):
+        for a, b in zip(g(d["dy"], d["x"], d["scale"], d["mean"], d["inv"]), out):
+            np.testing.assert_array_equal(a, b)

@@ -293,10 +293,21 @@ cudaError_t launch_ln(const LnArgs<T>& a, const LnView& v, ffi::ScratchAllocator
 // ---------------------------------------------------------------------------------------------
 // BatchNorm: channel j = g * c + ch holds the elements ((g * n + i) * c + ch) * s + k.
 
-JAXOPS_HD int64_t bn_index(const BnView& v, int64_t j, int64_t e) {
-  const int64_t g = j / v.c, ch = j % v.c, i = e / v.s, k = e % v.s;
-  return ((g * v.n + i) * v.c + ch) * v.s + k;
-}
+// Walks channel j's elements e = threadIdx.x, + kThreads, ... (e = i * s + k) without a
+// division per element: (i, k) advance by kThreads = q * s + rem with one carry.
+struct ChannelWalk {
+  int64_t base, i, k, q, rem;
+  __device__ ChannelWalk(const BnView& v, int64_t j) {
+    base = ((j / v.c) * v.n * v.c + j % v.c) * v.s;  // element (i=0, k=0) of channel j
+    i = threadIdx.x / v.s; k = threadIdx.x % v.s;
+    q = kThreads / v.s; rem = kThreads % v.s;
+  }
+  __device__ int64_t index(const BnView& v) const { return base + i * v.c * v.s + k; }
+  __device__ void next(const BnView& v) {
+    i += q; k += rem;
+    if (k >= v.s) { k -= v.s; ++i; }
+  }
+};
 JAXOPS_HD int64_t bn_channel(const BnView& v, int64_t idx) {
   return (idx / (v.n * v.c * v.s)) * v.c + (idx / v.s) % v.c;
 }
@@ -309,8 +320,9 @@ bn_grad_sums(BnView v, const T* dy, const T* x, const acc_t<T>* mean, const acc_
   __shared__ A red[2][kWarps];
   const int64_t j = blockIdx.x, m = v.n * v.s;
   A sum_dy = 0, sum_dyx = 0;
-  for (int64_t e = threadIdx.x; e < m; e += kThreads) {
-    const int64_t i = bn_index(v, j, e);
+  ChannelWalk w(v, j);
+  for (int64_t e = threadIdx.x; e < m; e += kThreads, w.next(v)) {
+    const int64_t i = w.index(v);
     const A d = to_acc(dy[i]);
     sum_dy += d;
     sum_dyx += d * (to_acc(x[i]) - mean[j]) * inv[j];
@@ -344,13 +356,16 @@ bn_train_stats(BnView v, const T* x, const acc_t<T>* in_mean, const acc_t<T>* in
   const int64_t j = blockIdx.x, count = v.n * v.s;
   const A m = A(count);
   A sum = 0, unused = 0;
-  for (int64_t e = threadIdx.x; e < count; e += kThreads) sum += to_acc(x[bn_index(v, j, e)]);
+  const ChannelWalk start(v, j);
+  ChannelWalk w = start;
+  for (int64_t e = threadIdx.x; e < count; e += kThreads, w.next(v)) sum += to_acc(x[w.index(v)]);
   block_sum2(sum, unused, red);
   const A mean = sum / m;
   A sq = 0;  // second pass: the variance without cancellation (the channel is in L2 by now)
   unused = 0;
-  for (int64_t e = threadIdx.x; e < count; e += kThreads) {
-    const A d = to_acc(x[bn_index(v, j, e)]) - mean;
+  w = start;
+  for (int64_t e = threadIdx.x; e < count; e += kThreads, w.next(v)) {
+    const A d = to_acc(x[w.index(v)]) - mean;
     sq += d * d;
   }
   block_sum2(sq, unused, red);

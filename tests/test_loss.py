@@ -486,3 +486,17 @@ def test_deterministic(rng):
     a, b = f(x), f(x)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_row_kernels_ignore_labels_outside_the_row(rng):
+    # the kernels themselves: a label outside [0, C) is never used as an address (nll 0, no
+    # one-hot term); the ops above turn such samples into NaN or ignore them
+    from jaxops.ops.loss import rows_forward, rows_grad
+    x = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+    l = jnp.asarray([6, -1, 2**31 - 1, -2**31], jnp.int32)
+    nll, lse, lp = rows_forward(x, l, jnp.float32)
+    np.testing.assert_array_equal(nll, np.zeros(4))
+    np.testing.assert_allclose(lse, jax.nn.logsumexp(x, axis=-1), rtol=1e-6)
+    np.testing.assert_allclose(lp, jax.nn.log_softmax(x, axis=-1), rtol=1e-6, atol=1e-6)
+    d = rows_grad(jnp.ones(4, jnp.float32), x, lse, l, out_dtype=jnp.float32)
+    np.testing.assert_allclose(d, jax.nn.softmax(x, axis=-1), rtol=1e-6, atol=1e-7)

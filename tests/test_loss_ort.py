@@ -50,7 +50,7 @@ def test_softmax_cross_entropy_loss_and_grad(rng, opset, shape, weighted, ignore
     gy, glp = ops.softmax_cross_entropy_loss(*feeds, **attrs)
     close(np.asarray(gy), y, ulps=32)
     close(np.asarray(glp), lp)
-    dy = (rng.standard_normal(l.shape) if reduction == "none" else rng.standard_normal(())).astype(F32)
+    dy = rng.standard_normal(l.shape if reduction == "none" else ()).astype(F32)
     (d,) = ort_oracle.run_node("SoftmaxCrossEntropyLossGrad", [dy, lp, l] + feeds[2:], **attrs)
     close(np.asarray(ops.softmax_cross_entropy_loss_grad(dy, lp, l, *feeds[2:], **attrs)), d)
 
@@ -71,7 +71,7 @@ def test_internal_ops(rng, reduction, weighted, ignore_index):
     gy, glp = ops.softmax_cross_entropy_loss_internal(*feeds, reduction=reduction)
     close(np.asarray(gy), y, ulps=32)
     close(np.asarray(glp), lp)
-    dy = (rng.standard_normal(l.shape) if reduction == "none" else rng.standard_normal(())).astype(F32)
+    dy = rng.standard_normal(l.shape if reduction == "none" else ()).astype(F32)
     bias = rng.standard_normal(s.shape).astype(F32)
     grad_feeds = [dy, lp, l] + ort_feeds[2:]
     (d,) = ort_oracle.run_node("SoftmaxCrossEntropyLossInternalGrad", grad_feeds,

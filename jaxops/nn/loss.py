@@ -6,7 +6,6 @@ once, so log_prob never exists in memory. Higher-order derivatives differentiate
 pure-JAX references.
 """
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +60,7 @@ def _forward(logits, labels, weights, ignore_index, reduction):
     per_row = jnp.where(ignored, 0, w * nll)
     loss = ref.reduce_loss(per_row, w, reduction)
     loss = (loss.reshape(labels.shape) if reduction == "none" else loss).astype(logits.dtype)
-    return loss, (logits, labels, weights, lse, nll, loss)
+    return loss, (logits, labels, weights, lse, nll)
 
 
 def _fwd(logits, labels, weights, ignore_index, reduction):
@@ -69,7 +68,7 @@ def _fwd(logits, labels, weights, ignore_index, reduction):
 
 
 def _bwd(ignore_index, reduction, res, ct):
-    logits, labels, weights, lse, nll, loss = res
+    logits, labels, weights, lse, nll = res
     x, lab, w, ignored, lc = _prepare(logits, labels, weights, ignore_index)
     ct_rows = ct.reshape(-1) if reduction == "none" else ct.reshape(())
     g = ref.grad_scale(ct_rows, w, ignored, reduction)

@@ -199,8 +199,8 @@ class _Checks:
         if v is None:
             return None
         if not hasattr(v, "dtype") or v.dtype not in _INTS or v.size != 1 or v.ndim > 1:
-            self.fail(TypeError, "ignore_index must be an int64 scalar (or [1]) tensor, got "
-                                 f"{getattr(v, 'dtype', type(v).__name__)}{getattr(v, 'shape', '')}")
+            got = f"{getattr(v, 'dtype', type(v).__name__)}{getattr(v, 'shape', '')}"
+            self.fail(TypeError, f"ignore_index must be an int64 scalar (or [1]) tensor, got {got}")
         return v.reshape(())
 
 
@@ -245,7 +245,7 @@ def _sce_loss(scores, labels, weights, ignore_index, reduction, out, with_log_pr
     t = ref.acc_dtype(scores.dtype)
     c = scores.shape[1]
     l = labels.reshape(-1)
-    w, ignored, _ = ref.class_weights(l, c, None if weights is None else weights, ignore_index, t)
+    w, ignored, _ = ref.class_weights(l, c, weights, ignore_index, t)
     lab = _row_labels(l, c, ignored)
     res = rows_forward(_to_rows(scores), lab, out if with_log_prob else None)
     loss = ref.reduce_loss(jnp.where(ignored, 0, w * res[0]), w, reduction)

@@ -62,7 +62,10 @@ def rows_grad_bias(g, x, lse, labels, bias, out_type):
 
 def class_weights(labels, c, weights, ignore_index, dtype):
     """Per-sample weight w[l_i]: 0 for ignored samples, NaN for out-of-range labels."""
-    ignored = (labels == ignore_index) if ignore_index is not None else jnp.zeros(labels.shape, bool)
+    if ignore_index is None:
+        ignored = jnp.zeros(labels.shape, bool)
+    else:
+        ignored = labels == ignore_index
     ok = (labels >= 0) & (labels < c)
     lc = jnp.clip(labels, 0, max(c - 1, 0))
     w = jnp.ones(labels.shape, dtype) if weights is None else weights.astype(dtype)[lc]

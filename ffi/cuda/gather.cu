@@ -198,7 +198,8 @@ struct Scratch {
   bool failed = false;
   template <typename P>
   P* get(size_t bytes) {
-    auto p = alloc.Allocate(bytes > 0 ? bytes : 1, 256);
+    // XLA refuses alignments above 64 bytes; CUB aligns its own temp storage inside
+    auto p = alloc.Allocate(bytes > 0 ? bytes : 1, 16);
     if (!p.has_value()) failed = true;
     return p.has_value() ? static_cast<P*>(*p) : nullptr;
   }

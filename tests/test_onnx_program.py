@@ -360,3 +360,23 @@ def test_inspect_cli(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "MISSING  ai.onnx NoSuchOp v17" in proc.stdout and "x: FLOAT[2, n]" in proc.stdout
+
+
+def test_in_place_updates_of_ort_training_ops(monkeypatch):
+    """InPlaceAccumulatorV2 names only its flag as output; run_with_updates gives the buffer."""
+    key = ("com.microsoft", "InPlaceAccumulatorV2")
+    if key not in jaxops.ops.ORT_OPS:  # the real op may not have landed: a stand-in, ORT's contract
+        monkeypatch.setitem(jaxops.ops.ORT_OPS, key, lambda buffer, value, overwrite_flag=None: (
+            np.array([True]),
+            jnp.where(jnp.reshape(overwrite_flag, ()), value, buffer + value)
+            if overwrite_flag is not None else buffer + value))
+    node = helper.make_node("InPlaceAccumulatorV2", ["buf", "g", "reset"], ["flag"],
+                            domain="com.microsoft")
+    m = model([node], ["buf", "g", vi("reset", TensorProto.BOOL, [1])],
+              [vi("flag", TensorProto.BOOL, [1])], domains=("com.microsoft",))
+    p = load(m)
+    buf, g = np.ones(3, np.float32), np.arange(3, dtype=np.float32)
+    for reset, want in ((False, buf + g), (True, g)):
+        outputs, updates = jax.jit(p.run_with_updates)(p.params, buf, g, np.array([reset]))
+        assert bool(np.asarray(outputs[0]).all())
+        np.testing.assert_allclose(updates["buf"], want)

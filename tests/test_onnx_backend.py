@@ -30,7 +30,7 @@ def read_xfails(path=XFAIL_FILE) -> tuple[str, dict[str, str]]:
     version, out = "", {}
     for line in path.read_text().splitlines():
         if line.startswith("# onnx "):
-            version = line.split()[2]
+            version = line.split()[2].rstrip(":")
         name, _, reason = line.partition("#")
         if name.strip():
             out[name.strip()] = reason.strip()

@@ -9,12 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
+
+pytest.importorskip("onnx")
 from onnx import TensorProto, helper
+from onnx_build import model, needs, vi
 
 import jaxops
 from jaxops.onnx import OnnxImportError, load, registry
 from jaxops.onnx.__main__ import inspect
-from onnx_build import model, needs, vi
 
 # A private domain with a few handlers, so the core is tested without the ai.onnx families.
 T = "jaxops.test"

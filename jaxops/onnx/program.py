@@ -54,6 +54,8 @@ def sparse_to_numpy(s, what: str) -> np.ndarray:
     values = tensor_to_numpy(s.values, what)
     indices = tensor_to_numpy(s.indices, what).astype(np.int64)
     dims = tuple(int(d) for d in s.dims)
+    if any(d < 0 for d in dims) or np.prod(dims, dtype=np.float64) > 2 ** 31:
+        raise OnnxImportError(f"{what}: sparse tensor {s.values.name!r} has bad dims {dims}")
     dense = np.zeros(dims, values.dtype)
     try:
         if indices.ndim == 1:  # linear indices
@@ -61,7 +63,8 @@ def sparse_to_numpy(s, what: str) -> np.ndarray:
         else:  # [nnz, rank] coordinates
             dense[tuple(indices.T)] = values
     except (IndexError, ValueError) as e:
-        raise OnnxImportError(f"{what}: sparse tensor {s.values.name!r} is malformed: {e}") from None
+        raise OnnxImportError(
+            f"{what}: sparse tensor {s.values.name!r} is malformed: {e}") from None
     return dense
 
 

@@ -382,3 +382,18 @@ def test_in_place_updates_of_ort_training_ops(monkeypatch):
         outputs, updates = jax.jit(p.run_with_updates)(p.params, buf, g, np.array([reset]))
         assert bool(np.asarray(outputs[0]).all())
         np.testing.assert_allclose(updates["buf"], want)
+
+
+def test_backend_api():
+    from jaxops.onnx import backend
+
+    assert backend.supports_device("CPU") and not backend.supports_device("TPU-X")
+    rep = backend.prepare(scale_model())
+    x = np.ones((2, 3), np.float32)
+    y, s = rep.run({"x": x})
+    assert isinstance(y, np.ndarray) and y.shape == (2, 3)
+    np.testing.assert_allclose(rep.run([x])[1], W.sum(), rtol=1e-6)
+    node = helper.make_node("SoftmaxGrad_13", ["dY", "Y"], ["dX"], domain="com.microsoft")
+    dy, yv = np.ones((2, 3), np.float32), np.full((2, 3), 1 / 3, np.float32)
+    (dx,) = backend.run_node(node, [dy, yv])
+    np.testing.assert_allclose(dx, np.zeros((2, 3)), atol=1e-7)

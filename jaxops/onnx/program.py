@@ -308,15 +308,16 @@ class Program:
             env[_UPDATES] = updates
         env.update(plan.constants)
         env.update(params)
-        env.update(zip(plan.input_names, inputs))
+        # inputs left out (a function's optional ones, a malformed loop body's) are None
+        env.update(zip(plan.input_names, list(inputs) + [None] * len(plan.input_names)))
         for step in plan.steps:
             self._run_step(step, env)
         return [env[n] for n in plan.output_names]
 
     def _run_step(self, step: _Step, env):
-        args = [env[n] if n else None for n in step.inputs]
         ctx = NodeContext(self, step, env)
         try:
+            args = [env[n] if n else None for n in step.inputs]
             out = step.fn(ctx, *args, **step.attrs)
         except OnnxImportError:
             raise

@@ -243,14 +243,14 @@ class Program:
             self._main = self._plan(model.graph, frozenset(), self.opsets, top=True)
         except RecursionError:
             raise OnnxImportError("the model's subgraphs nest too deeply") from None
-        if self._refused:
-            raise OnnxImportError("; ".join(self._refused))
+        problems = list(self._refused)
         if self._missing:
             missing = ", ".join(f"({d or 'ai.onnx'!r}, {op!r}, {v})"
                                 for d, op, v in sorted(self._missing))
-            raise OnnxImportError(
-                f"the model uses {len(self._missing)} unsupported op(s) (domain, op_type, "
-                f"opset version): {missing}")
+            problems.append(f"the model uses {len(self._missing)} unsupported op(s) (domain, "
+                            f"op_type, opset version): {missing}")
+        if problems:  # everything that stops the model, in one error
+            raise OnnxImportError("; ".join(problems))
         self.params = self._main.params
         self.input_names = list(self._main.input_names)
         self.output_names = list(self._main.output_names)

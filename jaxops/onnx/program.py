@@ -261,15 +261,15 @@ class Program:
 
     # -- calling ---------------------------------------------------------------------------
 
-    def __call__(self, params, *args, **kwargs):
+    def __call__(self, params, /, *args, **kwargs):
         outputs = self.run(params, *args, **kwargs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def run(self, params, *args, **kwargs) -> list:
+    def run(self, params, /, *args, **kwargs) -> list:
         """Like calling the program, but always returns the list of outputs."""
         return self.run_with_updates(params, *args, **kwargs)[0]
 
-    def run_with_updates(self, params, *args, **kwargs) -> tuple[list, dict]:
+    def run_with_updates(self, params, /, *args, **kwargs) -> tuple[list, dict]:
         """(outputs, updates): `updates` maps the name of each value that a node updates in
         place (in ORT training graphs: the gradient accumulation buffers, the optimizer's
         params and moments, which are graph inputs) to its new value. Functional code feeds

@@ -420,7 +420,8 @@ class Program:
         deps = []
         for node in nodes:
             needs = set()
-            for name in list(node.input) + sorted(_free_names(node)):
+            # key=repr: a subgraph's non-text names are refused when it is checked, not here
+            for name in list(node.input) + sorted(_free_names(node), key=repr):
                 if not name or name in defined:
                     continue
                 if name in producer:

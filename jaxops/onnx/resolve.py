@@ -143,7 +143,6 @@ def _run_function(ctx, f, defaults, opsets, inputs, key):
         graph = _body_graph(f, ctx.node, defaults)
         plan = program.plan_late(graph, frozenset(), opsets, step.label, function=True)
         program.expansions[key] = plan
-    inputs = list(inputs) + [None] * (len(f.input) - len(inputs))
     outs = program._run(plan, inputs, {}, None)
     return tuple(outs) if len(outs) > 1 else outs[0]
 

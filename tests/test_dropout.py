@@ -32,17 +32,19 @@ RATIOS = [None, 0.0, 0.25, np.float16(0.5), np.float64(0.1)]
 def test_grads_match_reference(rng, dtype, shape, ratio):
     dy, mask, y = inputs(rng, shape, dtype)
     r = 0.5 if ratio is None else float(ratio)
-    d64 = jnp.asarray(dy, jnp.float64)
     out = ops.dropout_grad(dy, mask, ratio)
     assert out.dtype == dtype and out.shape == shape
-    assert_close(out, ref.dropout_grad(d64, mask, r), dtype)
+    # in the reference, the ratio-0 rule goes by dy's dtype: compute in f64 after it
+    wide = lambda f: f(dy, mask, r) if r == 0 else f(jnp.asarray(dy, jnp.float64), mask, r)
+    assert_close(out, wide(ref.dropout_grad), dtype)
     words = mask_to_bits(mask)
     out = ops.bitmask_dropout_grad(dy, words, ratio)
-    assert_close(out, ref.bitmask_dropout_grad(d64, words, r), dtype)
+    assert_close(out, wide(lambda d, m, r: ref.bitmask_dropout_grad(d, words, r)), dtype)
     if len(shape) > 1 and r > 0:
         out = ops.softmax_dropout_grad(dy, mask, y, ratio, axis=1)
         assert out.dtype == dtype
-        expected = ref.softmax_dropout_grad(d64, mask, jnp.asarray(y, jnp.float64), r, axis=1)
+        expected = ref.softmax_dropout_grad(jnp.asarray(dy, jnp.float64), mask,
+                                            jnp.asarray(y, jnp.float64), r, axis=1)
         assert_close(out, expected, dtype, ulps=16)
 
 
@@ -50,9 +52,12 @@ def test_ort_quirks(rng):
     dy, mask, _ = inputs(rng, (4, 8), jnp.float32)
     # ratio defaults to 0.5: kept elements doubled
     np.testing.assert_array_equal(ops.dropout_grad(dy, mask), np.where(mask, dy * 2, 0))
-    # ratio 0 ignores the mask entirely
+    # ratio 0 ignores the mask for f32/f64 but applies it for f16/bf16 (ORT 1.19.2 CPU)
     np.testing.assert_array_equal(ops.dropout_grad(dy, mask, 0.0), dy)
     np.testing.assert_array_equal(ops.bitmask_dropout_grad(dy, mask_to_bits(mask), 0.0), dy)
+    for half in (jnp.float16, jnp.bfloat16):
+        np.testing.assert_array_equal(ops.dropout_grad(dy.astype(half), mask, 0.0),
+                                      np.where(mask, dy.astype(half), 0))
     # training_mode is ignored by the gradient ops
     for flag in (True, False, np.bool_(False), jnp.asarray([False])):
         np.testing.assert_array_equal(ops.dropout_grad(dy, mask, 0.25, flag),

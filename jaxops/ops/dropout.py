@@ -8,7 +8,10 @@ ORT's rules, kept here:
 - kept elements are scaled by 1 / (1 - ratio), computed in the compute dtype (f32 for
   f16/bf16/f32, f64 for f64; ORT's f64 kernel forms the scale with float precision only).
 - DropoutGrad and BitmaskDropoutGrad with ratio == 0 return dY unchanged and ignore the mask
-  (ORT 1.19.2 CPU); SoftmaxDropoutGrad always applies the mask.
+  for f32/f64 dY, but apply the mask (scale 1) for f16 -- both as ORT 1.19.2 CPU does -- and
+  for bf16 (which ORT's CPU kernel lacks; assumed like f16). SoftmaxDropoutGrad always
+  applies the mask. (A mask from a ratio-0 forward is all true, so real graphs never see the
+  difference.)
 - `training_mode` of the gradient ops is accepted and IGNORED (ORT 1.19.2 scales by
   1/(1-ratio) even for training_mode=False).
 - Bit masks are uint32 words: element i (of the flattened tensor) is kept iff bit i % 32 of
@@ -65,7 +68,7 @@ def _scaled(op, dy, keep, ratio, *, zero_ratio_passes):
     t = v.compute_dtype(dy.dtype)
     r = ratio.astype(t)
     out = jnp.where(keep, dy.astype(t) * (1 / (1 - r)), jnp.zeros((), t))
-    if zero_ratio_passes:
+    if zero_ratio_passes and dy.dtype in (jnp.float32, jnp.float64):
         out = jnp.where(r == 0, dy.astype(t), out)
     return out.astype(dy.dtype)
 
@@ -73,8 +76,8 @@ def _scaled(op, dy, keep, ratio, *, zero_ratio_passes):
 def dropout_grad(dy, mask, ratio=None, training_mode=None):
     """ORT DropoutGrad: dx = dy / (1 - ratio) where mask, else 0.
 
-    ratio defaults to 0.5; ratio == 0 returns dy unchanged; training_mode is ignored
-    (ORT's quirks, see the module docstring)."""
+    ratio defaults to 0.5; ratio == 0 returns f32/f64 dy unchanged; training_mode is
+    ignored (ORT's quirks, see the module docstring)."""
     op = "dropout_grad"
     dy, mask = jnp.asarray(dy), jnp.asarray(mask)
     v.floats(op, dy=dy)
@@ -114,7 +117,7 @@ def _check_bits(op, mask, numel):
 def bitmask_dropout_grad(dy, mask, ratio=None, training_mode=None):
     """ORT BitmaskDropoutGrad: DropoutGrad with a uint32 bit mask (element i kept iff bit
     i % 32 of mask[i // 32] is set, i indexing the flattened dy). ratio defaults to 0.5;
-    ratio == 0 returns dy unchanged; training_mode is ignored. (ORT has no CPU kernel.)"""
+    ratio == 0 as in dropout_grad; training_mode is ignored. (ORT has no CPU kernel.)"""
     op = "bitmask_dropout_grad"
     dy, mask = jnp.asarray(dy), jnp.asarray(mask)
     v.floats(op, dy=dy)

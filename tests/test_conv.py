@@ -54,6 +54,8 @@ MATRIX_IDS = [f"{name}-{i}" for name, *_, cases, ids in GRAD_OPS for i in ids]
 @pytest.mark.parametrize("name,op,forward,reference,xs,ws,attrs", MATRIX, ids=MATRIX_IDS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_matches_reference(rng, name, op, forward, reference, xs, ws, attrs, dtype):
+    if dtype in (jnp.float16, jnp.bfloat16) and len(xs) != 4:
+        pytest.skip("f16/bf16 run on the 2-D cases only (CPU test time)")
     dy, x, w = conv_inputs(rng, forward, xs, ws, attrs, dtype)
     got = op(dy, x, w, **attrs)
     f64 = [jnp.asarray(a, jnp.float64) for a in (dy, x, w)]

@@ -122,6 +122,7 @@ def test_bitmask_dropout_pairs_with_its_grad(rng):
     ct = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
     _, vjp = jax.vjp(lambda x: ops.bitmask_dropout(x, 0.3, True, key=key)[0], x)
     np.testing.assert_allclose(vjp(ct)[0], ops.bitmask_dropout_grad(ct, words, 0.3), rtol=1e-6)
+    np.testing.assert_array_equal(ops.bias_dropout(x, x[0], None, 0.3, False)[0], x + x[0])
     out, words = ops.bitmask_dropout(x)  # training_mode absent: identity, every bit set
     np.testing.assert_array_equal(out, x)
     assert bool(bits_to_mask(words, x.shape).all())

@@ -61,7 +61,10 @@ def _training_mode(op, training_mode):
     t = jnp.asarray(training_mode)
     if t.dtype != jnp.bool_ or t.size != 1:
         v.fail(op, TypeError, f"training_mode must be a bool scalar, got {t.dtype}{t.shape}")
-    return t.reshape(())
+    try:
+        return bool(t.reshape(()))
+    except jax.errors.ConcretizationTypeError:
+        return t.reshape(())
 
 
 def _scaled(op, dy, keep, ratio, *, zero_ratio_passes):
@@ -164,7 +167,7 @@ def _dropout(op, x, ratio, training_mode, key, seed):
     """(output, keep mask) of dropout on x in its compute dtype."""
     ratio = _ratio(op, ratio)
     training = _training_mode(op, training_mode)
-    if training is False:
+    if training is False:  # known at trace time: no randomness, no key needed
         return x, jnp.ones(x.shape, jnp.bool_)
     u = jax.random.uniform(_key(op, key, seed), x.shape, jnp.float32)
     keep = (u >= ratio.astype(jnp.float32)) | ~training

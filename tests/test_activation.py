@@ -174,7 +174,7 @@ def _assert_tree_close(got, want, **kw):
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 def test_jit_matches_eager(rng, name, fn, maker, argnums):
     args = _call(maker, rng, (4, 6), jnp.float32)
-    _assert_tree_close(jax.jit(fn)(*args), fn(*args), rtol=1e-5, atol=1e-5)  # fusion rounds differently
+    _assert_tree_close(jax.jit(fn)(*args), fn(*args), rtol=1e-5, atol=1e-4)  # fusion rounds differently
 
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)

@@ -1,6 +1,5 @@
 """DropoutGrad, BitmaskDropoutGrad, SoftmaxDropoutGrad and the forwards BiasDropout,
 BitmaskDropout, BiasSoftmaxDropout."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +98,7 @@ def test_bias_dropout(rng, training, dtype):
         expected = np.where(mask, xb / 0.75, 0) + res.astype(jnp.float32)
         again, mask2 = ops.bias_dropout(x, b, res, 0.25, training, key=key)
         np.testing.assert_array_equal(mask, mask2)  # the key decides the mask
+        np.testing.assert_array_equal(out, again)
         _, mask3 = ops.bias_dropout(x, b, res, 0.25, training, key=jax.random.key(2))
         assert not np.array_equal(mask, mask3)
     else:
@@ -123,6 +123,11 @@ def test_bitmask_dropout_pairs_with_its_grad(rng):
     _, vjp = jax.vjp(lambda x: ops.bitmask_dropout(x, 0.3, True, key=key)[0], x)
     np.testing.assert_allclose(vjp(ct)[0], ops.bitmask_dropout_grad(ct, words, 0.3), rtol=1e-6)
     np.testing.assert_array_equal(ops.bias_dropout(x, x[0], None, 0.3, False)[0], x + x[0])
+    # a traced training_mode: the same answers as a concrete one
+    traced = jax.jit(lambda t: ops.bitmask_dropout(x, 0.3, t, key=key))
+    for flag in (True, False):
+        jax.tree.map(np.testing.assert_array_equal, traced(jnp.asarray(flag)),
+                     ops.bitmask_dropout(x, 0.3, flag, key=key))
     out, words = ops.bitmask_dropout(x)  # training_mode absent: identity, every bit set
     np.testing.assert_array_equal(out, x)
     assert bool(bits_to_mask(words, x.shape).all())
@@ -174,13 +179,9 @@ def test_jit_vmap_and_grads(rng, name, fn):
         args = [a[0] if ax is None else jnp.moveaxis(a, 0, ax)
                 for a, ax in zip((dy, y, m, w), in_axes)]
         got = jax.vmap(fn, in_axes=in_axes)(*args)
-        per = [fn(*[a if ax is None else a[k] for a, ax in zip((dy[0] if in_axes[0] is None else
-                                                                 dy, y[0] if in_axes[1] is None
-                                                                 else y, m[0] if in_axes[2] is
-                                                                 None else m, w[0] if in_axes[3]
-                                                                 is None else w), in_axes)])
-               for k in range(3)]
-        np.testing.assert_allclose(got, jnp.stack(per), rtol=1e-12)
+        # an unbatched operand is example 0, shared by every example
+        pick = lambda k: [a[0] if ax is None else a[k] for a, ax in zip((dy, y, m, w), in_axes)]
+        np.testing.assert_allclose(got, jnp.stack([fn(*pick(k)) for k in range(3)]), rtol=1e-12)
     grad = jax.grad(lambda dy, y, m, w: jnp.sum(jnp.sin(fn(dy, y, m, w))), (0, 1))
     got = jax.vmap(grad)(dy, y, m, w)
     for k in range(3):

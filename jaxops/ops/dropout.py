@@ -170,8 +170,11 @@ def _dropout(op, x, ratio, training_mode, key, seed):
     if training is False:  # known at trace time: no randomness, no key needed
         return x, jnp.ones(x.shape, jnp.bool_)
     u = jax.random.uniform(_key(op, key, seed), x.shape, jnp.float32)
-    keep = (u >= ratio.astype(jnp.float32)) | ~training
-    scale = jnp.where(training, 1 / (1 - ratio.astype(x.dtype)), jnp.ones((), x.dtype))
+    keep = u >= ratio.astype(jnp.float32)
+    scale = 1 / (1 - ratio.astype(x.dtype))
+    if training is not True:  # a traced flag: drop only where it is set
+        keep = keep | ~training
+        scale = jnp.where(training, scale, jnp.ones((), x.dtype))
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype)), keep
 
 
@@ -237,7 +240,7 @@ def bias_softmax_dropout(data, bias, ratio=None, *, axis=1, is_inner_broadcast, 
     z = z - jax.lax.stop_gradient(jnp.max(z, axis=axes, keepdims=True))
     e = jnp.exp(z)
     y = e / jnp.sum(e, axis=axes, keepdims=True)
-    out, keep = _dropout(op, y, ratio, jnp.asarray(True), key, seed)
+    out, keep = _dropout(op, y, ratio, True, key, seed)
     return out.astype(dtype), keep, y.astype(dtype)
 
 

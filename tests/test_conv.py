@@ -17,21 +17,21 @@ from helpers import DTYPE_IDS, FLOAT_DTYPES, assert_close, on_cpu_devices
 
 # (x shape, w shape, Conv attributes): 1-D/2-D/3-D, groups, strides, dilations, pads, auto_pad
 CONV = [
-    ((2, 4, 9), (6, 2, 3), dict(group=2, strides=[2], pads=[1, 2], dilations=[2])),
-    ((2, 3, 6, 7), (4, 3, 3, 2), dict(pads=[1, 0, 2, 1], kernel_shape=[3, 2])),
-    ((1, 4, 7, 6), (4, 1, 3, 3), dict(group=4, strides=[2, 3], auto_pad="SAME_UPPER")),
-    ((1, 2, 7, 6), (3, 2, 2, 3), dict(strides=[2, 2], dilations=[2, 1], auto_pad="SAME_LOWER")),
-    ((1, 2, 5, 6), (3, 2, 3, 3), dict(strides=[2, 2], auto_pad="VALID")),
-    ((1, 2, 4, 5, 3), (2, 1, 2, 3, 2), dict(group=2, pads=[1, 0, 1, 0, 1, 1])),
+    ((2, 4, 9), (6, 2, 3), {"group": 2, "strides": [2], "pads": [1, 2], "dilations": [2]}),
+    ((2, 3, 6, 7), (4, 3, 3, 2), {"pads": [1, 0, 2, 1], "kernel_shape": [3, 2]}),
+    ((1, 4, 7, 6), (4, 1, 3, 3), {"group": 4, "strides": [2, 3], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 7, 6), (3, 2, 2, 3), {"strides": [2, 2], "dilations": [2, 1], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 5, 6), (3, 2, 3, 3), {"strides": [2, 2], "auto_pad": "VALID"}),
+    ((1, 2, 4, 5, 3), (2, 1, 2, 3, 2), {"group": 2, "pads": [1, 0, 1, 0, 1, 1]}),
 ]
 # (x shape, w shape [C_in, C_out/group, k...], ConvTranspose attributes)
 CONV_T = [
-    ((2, 4, 3, 3), (4, 3, 3, 3), dict(group=2, strides=[2, 2])),
-    ((1, 2, 4), (2, 3, 3), dict(strides=[2], pads=[1, 2], output_padding=[1])),
-    ((1, 2, 4, 3), (2, 3, 3, 2), dict(strides=[2, 2], output_shape=[8, 7])),
-    ((1, 2, 4, 3), (2, 3, 3, 2), dict(strides=[2, 2], auto_pad="SAME_LOWER")),
-    ((1, 2, 4, 3), (2, 3, 3, 2), dict(strides=[3, 1], dilations=[2, 2], pads=[4, 0, 1, 3])),
-    ((1, 2, 2, 3, 2), (2, 2, 2, 2, 2), dict(strides=[1, 2, 2])),
+    ((2, 4, 3, 3), (4, 3, 3, 3), {"group": 2, "strides": [2, 2]}),
+    ((1, 2, 4), (2, 3, 3), {"strides": [2], "pads": [1, 2], "output_padding": [1]}),
+    ((1, 2, 4, 3), (2, 3, 3, 2), {"strides": [2, 2], "output_shape": [8, 7]}),
+    ((1, 2, 4, 3), (2, 3, 3, 2), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 4, 3), (2, 3, 3, 2), {"strides": [3, 1], "dilations": [2, 2], "pads": [4, 0, 1, 3]}),
+    ((1, 2, 2, 3, 2), (2, 2, 2, 2, 2), {"strides": [1, 2, 2]}),
 ]
 CONV_IDS = [f"{len(x) - 2}d-{'-'.join(a)}" for x, _, a in CONV]
 CONV_T_IDS = [f"{len(x) - 2}d-{'-'.join(a)}" for x, _, a in CONV_T]
@@ -54,6 +54,8 @@ MATRIX_IDS = [f"{name}-{i}" for name, *_, cases, ids in GRAD_OPS for i in ids]
 @pytest.mark.parametrize("name,op,forward,reference,xs,ws,attrs", MATRIX, ids=MATRIX_IDS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_matches_reference(rng, name, op, forward, reference, xs, ws, attrs, dtype):
+    if dtype in (jnp.float16, jnp.bfloat16) and len(xs) != 4:
+        pytest.skip("f16/bf16 run on the 2-D cases only (CPU test time)")
     dy, x, w = conv_inputs(rng, forward, xs, ws, attrs, dtype)
     got = op(dy, x, w, **attrs)
     f64 = [jnp.asarray(a, jnp.float64) for a in (dy, x, w)]
@@ -112,7 +114,7 @@ def test_jit_vmap_grads(rng, name, op, forward, reference, xs, ws, attrs):
 @pytest.mark.parametrize("name,op,forward", [g[:3] for g in GRAD_OPS], ids=[g[0] for g in GRAD_OPS])
 def test_batch_sharded_is_not_gathered(rng, name, op, forward):
     mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
-    attrs = dict(strides=[2, 2])
+    attrs = {"strides": [2, 2]}
     ws = (4, 3, 3, 3) if name == "conv_grad" else (3, 2, 3, 3)  # C_in 3 either way
     dy, x, w = conv_inputs(rng, forward, (8, 3, 6, 6), ws, attrs, jnp.float32)
     batch = NamedSharding(mesh, P("x"))

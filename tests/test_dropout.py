@@ -1,6 +1,5 @@
 """DropoutGrad, BitmaskDropoutGrad, SoftmaxDropoutGrad and the forwards BiasDropout,
 BitmaskDropout, BiasSoftmaxDropout."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -32,17 +31,19 @@ RATIOS = [None, 0.0, 0.25, np.float16(0.5), np.float64(0.1)]
 def test_grads_match_reference(rng, dtype, shape, ratio):
     dy, mask, y = inputs(rng, shape, dtype)
     r = 0.5 if ratio is None else float(ratio)
-    d64 = jnp.asarray(dy, jnp.float64)
     out = ops.dropout_grad(dy, mask, ratio)
     assert out.dtype == dtype and out.shape == shape
-    assert_close(out, ref.dropout_grad(d64, mask, r), dtype)
+    # in the reference, the ratio-0 rule goes by dy's dtype: compute in f64 after it
+    wide = lambda f: f(dy, mask, r) if r == 0 else f(jnp.asarray(dy, jnp.float64), mask, r)
+    assert_close(out, wide(ref.dropout_grad), dtype)
     words = mask_to_bits(mask)
     out = ops.bitmask_dropout_grad(dy, words, ratio)
-    assert_close(out, ref.bitmask_dropout_grad(d64, words, r), dtype)
+    assert_close(out, wide(lambda d, m, r: ref.bitmask_dropout_grad(d, words, r)), dtype)
     if len(shape) > 1 and r > 0:
         out = ops.softmax_dropout_grad(dy, mask, y, ratio, axis=1)
         assert out.dtype == dtype
-        expected = ref.softmax_dropout_grad(d64, mask, jnp.asarray(y, jnp.float64), r, axis=1)
+        expected = ref.softmax_dropout_grad(jnp.asarray(dy, jnp.float64), mask,
+                                            jnp.asarray(y, jnp.float64), r, axis=1)
         assert_close(out, expected, dtype, ulps=16)
 
 
@@ -50,9 +51,12 @@ def test_ort_quirks(rng):
     dy, mask, _ = inputs(rng, (4, 8), jnp.float32)
     # ratio defaults to 0.5: kept elements doubled
     np.testing.assert_array_equal(ops.dropout_grad(dy, mask), np.where(mask, dy * 2, 0))
-    # ratio 0 ignores the mask entirely
+    # ratio 0 ignores the mask for f32/f64 but applies it for f16/bf16 (ORT 1.19.2 CPU)
     np.testing.assert_array_equal(ops.dropout_grad(dy, mask, 0.0), dy)
     np.testing.assert_array_equal(ops.bitmask_dropout_grad(dy, mask_to_bits(mask), 0.0), dy)
+    for half in (jnp.float16, jnp.bfloat16):
+        np.testing.assert_array_equal(ops.dropout_grad(dy.astype(half), mask, 0.0),
+                                      np.where(mask, dy.astype(half), 0))
     # training_mode is ignored by the gradient ops
     for flag in (True, False, np.bool_(False), jnp.asarray([False])):
         np.testing.assert_array_equal(ops.dropout_grad(dy, mask, 0.25, flag),
@@ -94,6 +98,7 @@ def test_bias_dropout(rng, training, dtype):
         expected = np.where(mask, xb / 0.75, 0) + res.astype(jnp.float32)
         again, mask2 = ops.bias_dropout(x, b, res, 0.25, training, key=key)
         np.testing.assert_array_equal(mask, mask2)  # the key decides the mask
+        np.testing.assert_array_equal(out, again)
         _, mask3 = ops.bias_dropout(x, b, res, 0.25, training, key=jax.random.key(2))
         assert not np.array_equal(mask, mask3)
     else:
@@ -117,6 +122,12 @@ def test_bitmask_dropout_pairs_with_its_grad(rng):
     ct = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
     _, vjp = jax.vjp(lambda x: ops.bitmask_dropout(x, 0.3, True, key=key)[0], x)
     np.testing.assert_allclose(vjp(ct)[0], ops.bitmask_dropout_grad(ct, words, 0.3), rtol=1e-6)
+    np.testing.assert_array_equal(ops.bias_dropout(x, x[0], None, 0.3, False)[0], x + x[0])
+    # a traced training_mode: the same answers as a concrete one
+    traced = jax.jit(lambda t: ops.bitmask_dropout(x, 0.3, t, key=key))
+    for flag in (True, False):
+        jax.tree.map(np.testing.assert_array_equal, traced(jnp.asarray(flag)),
+                     ops.bitmask_dropout(x, 0.3, flag, key=key))
     out, words = ops.bitmask_dropout(x)  # training_mode absent: identity, every bit set
     np.testing.assert_array_equal(out, x)
     assert bool(bits_to_mask(words, x.shape).all())
@@ -168,13 +179,9 @@ def test_jit_vmap_and_grads(rng, name, fn):
         args = [a[0] if ax is None else jnp.moveaxis(a, 0, ax)
                 for a, ax in zip((dy, y, m, w), in_axes)]
         got = jax.vmap(fn, in_axes=in_axes)(*args)
-        per = [fn(*[a if ax is None else a[k] for a, ax in zip((dy[0] if in_axes[0] is None else
-                                                                 dy, y[0] if in_axes[1] is None
-                                                                 else y, m[0] if in_axes[2] is
-                                                                 None else m, w[0] if in_axes[3]
-                                                                 is None else w), in_axes)])
-               for k in range(3)]
-        np.testing.assert_allclose(got, jnp.stack(per), rtol=1e-12)
+        # an unbatched operand is example 0, shared by every example
+        pick = lambda k: [a[0] if ax is None else a[k] for a, ax in zip((dy, y, m, w), in_axes)]
+        np.testing.assert_allclose(got, jnp.stack([fn(*pick(k)) for k in range(3)]), rtol=1e-12)
     grad = jax.grad(lambda dy, y, m, w: jnp.sum(jnp.sin(fn(dy, y, m, w))), (0, 1))
     got = jax.vmap(grad)(dy, y, m, w)
     for k in range(3):

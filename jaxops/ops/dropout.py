@@ -8,7 +8,10 @@ ORT's rules, kept here:
 - kept elements are scaled by 1 / (1 - ratio), computed in the compute dtype (f32 for
   f16/bf16/f32, f64 for f64; ORT's f64 kernel forms the scale with float precision only).
 - DropoutGrad and BitmaskDropoutGrad with ratio == 0 return dY unchanged and ignore the mask
-  (ORT 1.19.2 CPU); SoftmaxDropoutGrad always applies the mask.
+  for f32/f64 dY, but apply the mask (scale 1) for f16 -- both as ORT 1.19.2 CPU does -- and
+  for bf16 (which ORT's CPU kernel lacks; assumed like f16). SoftmaxDropoutGrad always
+  applies the mask. (A mask from a ratio-0 forward is all true, so real graphs never see the
+  difference.)
 - `training_mode` of the gradient ops is accepted and IGNORED (ORT 1.19.2 scales by
   1/(1-ratio) even for training_mode=False).
 - Bit masks are uint32 words: element i (of the flattened tensor) is kept iff bit i % 32 of
@@ -58,14 +61,17 @@ def _training_mode(op, training_mode):
     t = jnp.asarray(training_mode)
     if t.dtype != jnp.bool_ or t.size != 1:
         v.fail(op, TypeError, f"training_mode must be a bool scalar, got {t.dtype}{t.shape}")
-    return t.reshape(())
+    try:
+        return bool(t.reshape(()))
+    except jax.errors.ConcretizationTypeError:
+        return t.reshape(())
 
 
 def _scaled(op, dy, keep, ratio, *, zero_ratio_passes):
     t = v.compute_dtype(dy.dtype)
     r = ratio.astype(t)
     out = jnp.where(keep, dy.astype(t) * (1 / (1 - r)), jnp.zeros((), t))
-    if zero_ratio_passes:
+    if zero_ratio_passes and dy.dtype in (jnp.float32, jnp.float64):
         out = jnp.where(r == 0, dy.astype(t), out)
     return out.astype(dy.dtype)
 
@@ -73,8 +79,8 @@ def _scaled(op, dy, keep, ratio, *, zero_ratio_passes):
 def dropout_grad(dy, mask, ratio=None, training_mode=None):
     """ORT DropoutGrad: dx = dy / (1 - ratio) where mask, else 0.
 
-    ratio defaults to 0.5; ratio == 0 returns dy unchanged; training_mode is ignored
-    (ORT's quirks, see the module docstring)."""
+    ratio defaults to 0.5; ratio == 0 returns f32/f64 dy unchanged; training_mode is
+    ignored (ORT's quirks, see the module docstring)."""
     op = "dropout_grad"
     dy, mask = jnp.asarray(dy), jnp.asarray(mask)
     v.floats(op, dy=dy)
@@ -114,7 +120,7 @@ def _check_bits(op, mask, numel):
 def bitmask_dropout_grad(dy, mask, ratio=None, training_mode=None):
     """ORT BitmaskDropoutGrad: DropoutGrad with a uint32 bit mask (element i kept iff bit
     i % 32 of mask[i // 32] is set, i indexing the flattened dy). ratio defaults to 0.5;
-    ratio == 0 returns dy unchanged; training_mode is ignored. (ORT has no CPU kernel.)"""
+    ratio == 0 as in dropout_grad; training_mode is ignored. (ORT has no CPU kernel.)"""
     op = "bitmask_dropout_grad"
     dy, mask = jnp.asarray(dy), jnp.asarray(mask)
     v.floats(op, dy=dy)
@@ -161,11 +167,14 @@ def _dropout(op, x, ratio, training_mode, key, seed):
     """(output, keep mask) of dropout on x in its compute dtype."""
     ratio = _ratio(op, ratio)
     training = _training_mode(op, training_mode)
-    if training is False:
+    if training is False:  # known at trace time: no randomness, no key needed
         return x, jnp.ones(x.shape, jnp.bool_)
     u = jax.random.uniform(_key(op, key, seed), x.shape, jnp.float32)
-    keep = (u >= ratio.astype(jnp.float32)) | ~training
-    scale = jnp.where(training, 1 / (1 - ratio.astype(x.dtype)), jnp.ones((), x.dtype))
+    keep = u >= ratio.astype(jnp.float32)
+    scale = 1 / (1 - ratio.astype(x.dtype))
+    if training is not True:  # a traced flag: drop only where it is set
+        keep = keep | ~training
+        scale = jnp.where(training, scale, jnp.ones((), x.dtype))
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype)), keep
 
 
@@ -231,7 +240,7 @@ def bias_softmax_dropout(data, bias, ratio=None, *, axis=1, is_inner_broadcast, 
     z = z - jax.lax.stop_gradient(jnp.max(z, axis=axes, keepdims=True))
     e = jnp.exp(z)
     y = e / jnp.sum(e, axis=axes, keepdims=True)
-    out, keep = _dropout(op, y, ratio, jnp.asarray(True), key, seed)
+    out, keep = _dropout(op, y, ratio, True, key, seed)
     return out.astype(dtype), keep, y.astype(dtype)
 
 

@@ -1,7 +1,6 @@
 """ResizeGrad as jax's reverse-mode derivative of a bilinear Resize written with gathers
 (ONNX Resize, mode=linear, half_pixel or align_corners; tests check the pair against ORT)."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 

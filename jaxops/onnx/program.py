@@ -204,6 +204,18 @@ class NodeContext:
             return all(self.is_static(v) for v in x)
         return not isinstance(x, jax.core.Tracer)
 
+    def output_shape(self, i: int) -> tuple[int, ...] | None:
+        """The static shape the model declares for output `i` (its value_info, or what onnx's
+        shape inference finds), or None. Some ORT kernels read it (MaxPoolGrad's dX)."""
+        name = self._step.outputs[i] if i < len(self._step.outputs) else ""
+        t = self._program.declared_types().get(name) if name else None
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            return None
+        dims = t.tensor_type.shape.dim
+        if not all(d.HasField("dim_value") for d in dims):
+            return None
+        return tuple(int(d.dim_value) for d in dims)
+
     def update(self, i: int, value) -> None:
         """Declares that this node updates its input `i` in place (ORT's optimizers and
         gradient accumulators do); `Program.run_with_updates` returns the new value under the
@@ -229,6 +241,7 @@ class Program:
 
     def __init__(self, model, *, python_ops: dict[str, Callable] | None = None, constants=()):
         self.model = model
+        self._types = None
         self.opsets = {}
         for o in model.opset_import:
             self.opsets[_domain(o.domain)] = int(o.version)
@@ -254,6 +267,19 @@ class Program:
         self.params = self._main.params
         self.input_names = list(self._main.input_names)
         self.output_names = list(self._main.output_names)
+
+    def declared_types(self) -> dict:
+        """Name -> TypeProto for every value the model declares, completed once by onnx's
+        shape inference (which may fail on custom ops: then the declarations alone)."""
+        if self._types is None:
+            model = self.model
+            try:
+                model = onnx.shape_inference.infer_shapes(model)
+            except Exception:  # noqa: BLE001 - inference is a bonus, not a requirement
+                pass
+            g = model.graph
+            self._types = {v.name: v.type for v in (*g.input, *g.value_info, *g.output)}
+        return self._types
 
     def __repr__(self):
         return (f"<jaxops.onnx.Program {self.model.graph.name!r}: inputs {self.input_names}, "

@@ -30,10 +30,34 @@ def _table():
     return ORT_OPS
 
 
+def _requested(count):
+    """`outputs=`: which of the op's `count` optional outputs the node asks for."""
+    return lambda ctx: {"outputs": tuple(ctx.output_used(i) for i in range(count))}
+
+
+def _max_pool_grad_shape(ctx):
+    shape = ctx.output_shape(0)
+    if shape is None:
+        raise ctx.error("MaxPoolGrad needs the shape of its output (X's) declared in the model")
+    return {"x_shape": shape}
+
+
+# Keywords some ops need from the graph itself, beyond the node's inputs and attributes.
+GRAPH_KEYWORDS = {
+    "ConvGrad": _requested(3),
+    "ConvTransposeGrad": _requested(3),
+    "DivGrad": _requested(2),
+    "MaxPoolGrad": _max_pool_grad_shape,
+}
+
+
 def _adapter(fn: Callable, op_type: str = "") -> Callable:
     in_place = IN_PLACE.get(op_type, {})
+    extra = GRAPH_KEYWORDS.get(op_type)
 
     def run(ctx, *inputs, **attrs):
+        if extra is not None:
+            attrs.update(extra(ctx))
         out = fn(*inputs, **attrs)
         results = out if isinstance(out, tuple) else (out,)
         for i, k in in_place.items():

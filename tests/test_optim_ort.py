@@ -51,13 +51,17 @@ def _lists(rng, dtype=np.float32, shapes=SHAPES):
     return w, g, m1, m2
 
 
-def _assert_lists(actual, expected, rtol=4e-7, atol=None):
+def _assert_lists(actual, expected, rtol=4e-7, before=None):
     """Within a few f32 ulps (ORT's Eigen loops fuse multiply-adds differently), scaled to the
-    tensor's magnitude near cancellation; rtol=0 asks for equality."""
+    tensor's magnitude (and its magnitude before the update, `before`) near cancellation;
+    rtol=0 asks for equality."""
     assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
+    for i, (a, e) in enumerate(zip(actual, expected)):
         assert a.shape == e.shape and a.dtype == e.dtype
-        tol = rtol * np.abs(e).max(initial=0) if atol is None else atol
+        scale = np.abs(e).max(initial=0)
+        if before is not None:
+            scale = max(scale, np.abs(before[i]).max(initial=0))
+        tol = rtol * scale
         np.testing.assert_allclose(np.asarray(a), e, rtol=rtol, atol=tol)
 
 
@@ -85,8 +89,8 @@ def test_adamw(rng, adam_mode, weight_decay, correct_bias, step):
     flag, nw, nm1, nm2 = _adamw_ort(lr, st, w, g, m1, m2, **attrs)
     out = ops.adamw_optimizer(lr, st, w, g, m1, m2, **attrs)
     assert out[0].dtype == jnp.bool_ and out[0].shape == flag.shape and bool(out[0][0])
-    for a, e in zip(out[1:], (nw, nm1, nm2)):
-        _assert_lists(a, e)
+    for a, e, old in zip(out[1:], (nw, nm1, nm2), (w, m1, m2)):
+        _assert_lists(a, e, before=old)
 
 
 def test_adamw_onnxblock_defaults_over_steps(rng):

@@ -1,5 +1,7 @@
 // CUDA multi-tensor kernels of AdamWOptimizer and SGDOptimizerV2: one launch updates a whole
 // parameter list (up to kMaxTensors tensors; a longer list takes one launch per kMaxTensors).
+// LambOptimizer takes two launches per group of tensors: per-chunk partial norms, then the
+// update, whose blocks first sum their tensor's partials in a fixed order (deterministic).
 //
 // The tensor table (pointers, sizes, first chunk of each tensor) is passed by value as the
 // kernel argument (CUDA >= 12.1 allows 32 KiB of arguments on sm_70+), so no device table has
@@ -27,6 +29,7 @@ struct Table {
   void* ptr[Lists][kMaxTensors];
   int64_t size[kMaxTensors];
   int32_t first_chunk[kMaxTensors + 1];  // prefix sums of chunks per tensor
+  int32_t id[kMaxTensors];                // the tensor's index in the op's lists
   int32_t count;
 };
 
@@ -57,6 +60,26 @@ __device__ __forceinline__ void for_chunk(int64_t begin, int64_t end, F&& f) {
   }
 }
 
+// Like for_chunk, for updates: load(i, u) for all kUnroll elements first, then finish(i, u)
+// (compute and store). The compiler cannot move a load above a store to another array it
+// might alias, so this order is what keeps kUnroll elements' loads in flight at once.
+template <typename Load, typename Finish>
+__device__ __forceinline__ void for_chunk_update(int64_t begin, int64_t end, Load&& load_u,
+                                                 Finish&& finish_u) {
+  for (int64_t base = begin + threadIdx.x; base < end; base += int64_t(kThreads) * kUnroll) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * kThreads;
+      if (i < end) load_u(i, u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * kThreads;
+      if (i < end) finish_u(i, u);
+    }
+  }
+}
+
 // Lists: 0 weights, 1 gradients, 2 m1, 3 m2 (updated in place: results alias operands).
 template <typename W, typename G>
 __global__ void __launch_bounds__(kThreads)
@@ -76,13 +99,21 @@ adamw_kernel(const __grid_constant__ Table<4> t, const float* lr, const void* st
   const G* g = static_cast<const G*>(t.ptr[1][k]);
   W* m1 = static_cast<W*>(t.ptr[2][k]);
   W* m2 = static_cast<W*>(t.ptr[3][k]);
-  for_chunk(begin, end, [&](int64_t i) {
-    A wv = load(w, i), a = load(m1, i), b = load(m2, i);
-    c.update(wv, A(load(g, i)), a, b);
-    store(w, i, wv);
-    store(m1, i, a);
-    store(m2, i, b);
-  });
+  A wv[kUnroll], gv[kUnroll], a[kUnroll], b[kUnroll];
+  for_chunk_update(
+      begin, end,
+      [&](int64_t i, int u) {
+        wv[u] = load(w, i);
+        gv[u] = A(load(g, i));
+        a[u] = load(m1, i);
+        b[u] = load(m2, i);
+      },
+      [&](int64_t i, int u) {
+        c.update(wv[u], gv[u], a[u], b[u]);
+        store(w, i, wv[u]);
+        store(m1, i, a[u]);
+        store(m2, i, b[u]);
+      });
 }
 
 // Lists: 0 weights (in place), 1 gradients.
@@ -97,7 +128,114 @@ sgd_kernel(const __grid_constant__ Table<2> t, const float* lr, const bool* sign
   const int k = locate(t, &begin, &end);
   W* w = static_cast<W*>(t.ptr[0][k]);
   const G* g = static_cast<const G*>(t.ptr[1][k]);
-  for_chunk(begin, end, [&](int64_t i) { store(w, i, load(w, i) - rate * A(load(g, i))); });
+  A wv[kUnroll], gv[kUnroll];
+  for_chunk_update(
+      begin, end, [&](int64_t i, int u) { wv[u] = load(w, i); gv[u] = A(load(g, i)); },
+      [&](int64_t i, int u) { store(w, i, wv[u] - rate * gv[u]); });
+}
+
+// Sum of v over the block (kThreads threads), returned to every thread.
+__device__ __forceinline__ float2 block_sum(float2 v) {
+  __shared__ float2 part[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // part may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  v = make_float2(0.f, 0.f);
+  for (int k = 0; k < kThreads / 32; ++k) {  // every thread sums the warps in one order
+    v.x += part[k].x;
+    v.y += part[k].y;
+  }
+  return v;
+}
+
+struct LambArgs {
+  const bool* signal;
+  const float *loss_scale, *norm, *lr, *hyper;
+  const void* step;
+  bool step64;
+  float ratio_min, ratio_max;
+  bool correct, has_norm, has_step;
+
+  __device__ int64_t step_value() const {
+    return step64 ? *static_cast<const int64_t*>(step) : *static_cast<const int32_t*>(step);
+  }
+  __device__ Lamb<float> consts(int id) const {
+    return make_lamb<float>(hyper + kHyper * id, *lr, *loss_scale, *norm, step_value(), ratio_min,
+                            ratio_max, correct && has_step, has_norm);
+  }
+};
+
+// Lists: 0 weights, 1 gradients (in), 2 m1, 3 m2, 4 new gradients. Pass 1: per-chunk
+// sums of w^2 and d^2 into partials[2 * chunk].
+template <typename G>
+__global__ void __launch_bounds__(kThreads)
+lamb_norms_kernel(const __grid_constant__ Table<5> t, LambArgs a, float2* partials) {
+  if (!*a.signal || t.count == 0) return;
+  int64_t begin, end;
+  const int k = locate(t, &begin, &end);
+  const Lamb<float> c = a.consts(t.id[k]);
+  const float* w = static_cast<const float*>(t.ptr[0][k]);
+  const G* g = static_cast<const G*>(t.ptr[1][k]);
+  const float* m1 = static_cast<const float*>(t.ptr[2][k]);
+  const float* m2 = static_cast<const float*>(t.ptr[3][k]);
+  float2 s = make_float2(0.f, 0.f);
+  for_chunk(begin, end, [&](int64_t i) {
+    float n1 = m1[i], n2 = m2[i];
+    const float wv = w[i], d = c.direction(wv, load(g, i), n1, n2);
+    s.x += wv * wv;
+    s.y += d * d;
+  });
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// Pass 2: the tensor's norms from its chunks' partials, then the update.
+template <typename G>
+__global__ void __launch_bounds__(kThreads)
+lamb_update_kernel(const __grid_constant__ Table<5> t, LambArgs a, const float2* partials,
+                   void* new_step, bool new_step64) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && new_step != nullptr) {
+    const int64_t s = a.step_value() + ((*a.signal && a.has_step) ? 1 : 0);
+    if (new_step64) *static_cast<int64_t*>(new_step) = s;
+    else *static_cast<int32_t*>(new_step) = int32_t(s);
+  }
+  if (!*a.signal || t.count == 0) return;
+  int64_t begin, end;
+  const int k = locate(t, &begin, &end);
+  const Lamb<float> c = a.consts(t.id[k]);
+  float2 s = make_float2(0.f, 0.f);
+  for (int32_t j = t.first_chunk[k] + threadIdx.x; j < t.first_chunk[k + 1]; j += kThreads) {
+    s.x += partials[j].x;
+    s.y += partials[j].y;
+  }
+  s = block_sum(s);
+  const float ratio = c.ratio(sqrtf(s.x), sqrtf(s.y));
+  float* w = static_cast<float*>(t.ptr[0][k]);
+  const G* g = static_cast<const G*>(t.ptr[1][k]);
+  float* m1 = static_cast<float*>(t.ptr[2][k]);
+  float* m2 = static_cast<float*>(t.ptr[3][k]);
+  G* g_out = static_cast<G*>(t.ptr[4][k]);
+  float wv[kUnroll], gv[kUnroll], n1[kUnroll], n2[kUnroll];
+  for_chunk_update(
+      begin, end,
+      [&](int64_t i, int u) {
+        wv[u] = w[i];
+        gv[u] = load(g, i);  // g is read before g_out (which may alias it) is written
+        n1[u] = m1[i];
+        n2[u] = m2[i];
+      },
+      [&](int64_t i, int u) {
+        const float d = c.direction(wv[u], gv[u], n1[u], n2[u]);
+        store(g_out, i, c.apply(wv[u], d, ratio));
+        w[i] = wv[u];
+        m1[i] = n1[u];
+        m2[i] = n2[u];
+      });
 }
 
 std::string check_scalar(const ffi::AnyBuffer& x, const char* name, ffi::DataType a,
@@ -140,6 +278,7 @@ void for_groups(int64_t count, const ffi::RemainingArgs& in, Ptr ptrs, Launch la
       if (n == 0) continue;
       for (int l = 0; l < Lists; ++l) t.ptr[l][t.count] = ptrs(l, i);
       t.size[t.count] = n;
+      t.id[t.count] = int32_t(i);
       t.first_chunk[t.count] = chunks;
       chunks += int32_t((n + kChunk - 1) / kChunk);
       ++t.count;
@@ -232,13 +371,79 @@ ffi::Error sgd(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer signal,
   return finish(op);
 }
 
+ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer signal,
+                ffi::AnyBuffer loss_scale, ffi::AnyBuffer norm, ffi::AnyBuffer lr,
+                ffi::AnyBuffer step, ffi::AnyBuffer hyper, ffi::RemainingArgs in,
+                ffi::Result<ffi::AnyBuffer> new_step, ffi::RemainingRets out, int64_t count,
+                float ratio_min, float ratio_max, int64_t correct, int64_t has_step,
+                int64_t has_norm) {
+  const char* op = "lamb_optimizer";
+  for (auto err : {check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_scalar(loss_scale, "loss_scale", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(norm, "gradient_norm", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(lr, "R", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
+                   check_scalar(*new_step, "new_step", step.element_type(), step.element_type()),
+                   check_lists(in, out, count, 4, 4)})
+    if (!err.empty()) return invalid(op, err);
+  if (hyper.element_type() != ffi::DataType::F32 || int64_t(hyper.element_count()) != kHyper * count)
+    return invalid(op, "hyper must be f32 [count, 5]");
+  const ffi::DataType gt = count ? in.get<ffi::AnyBuffer>(count)->element_type() : ffi::DataType::F32;
+  for (int64_t k = 0; k < 4; ++k)
+    for (int64_t i = 0; i < count; ++i) {
+      const auto want = k == 1 ? gt : ffi::DataType::F32;
+      if (in.get<ffi::AnyBuffer>(k * count + i)->element_type() != want ||
+          (*out.get<ffi::AnyBuffer>(k * count + i))->element_type() != want)
+        return invalid(op, "weights and moments must be float32, gradients of one dtype");
+    }
+  const int lists[] = {0, 1, 2, 3};
+  if (cudaError_t e = copy_if_distinct(stream, in, out, count, lists, 4); e != cudaSuccess)
+    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));
+  int64_t chunks = 0;
+  for (int64_t i = 0; i < count; ++i)
+    chunks += (int64_t(in.get<ffi::AnyBuffer>(i)->element_count()) + kChunk - 1) / kChunk;
+  auto mem = scratch.Allocate(sizeof(float2) * std::max<int64_t>(chunks, 1), alignof(float2));
+  if (!mem.has_value()) return ffi::Error::Internal(std::string(op) + ": no scratch memory");
+  float2* partials = static_cast<float2*>(*mem);
+  LambArgs a{signal.reinterpret_data<bool>(), loss_scale.reinterpret_data<float>(),
+             norm.reinterpret_data<float>(), lr.reinterpret_data<float>(),
+             hyper.reinterpret_data<float>(), step.untyped_data(),
+             step.element_type() == ffi::DataType::S64, ratio_min, ratio_max, correct != 0,
+             has_norm != 0, has_step != 0};
+  auto ptrs = [&](int l, int64_t i) -> void* {
+    if (l == 1) return in.get<ffi::AnyBuffer>(count + i)->untyped_data();
+    const int64_t r = l == 4 ? 1 : l;  // result lists: weights, new gradients, m1, m2
+    return (*out.get<ffi::AnyBuffer>(r * count + i))->untyped_data();
+  };
+  bool ok = dispatch_float(gt, [&](auto g_tag) {
+    using G = decltype(g_tag);
+    if constexpr (!std::is_same_v<G, double>) {
+      int64_t offset = 0;  // each group's partials follow the previous group's
+      for_groups<5>(count, in, ptrs, [&](const Table<5>& t, int32_t blocks, bool first) {
+        const int grid = std::max(blocks, 1);
+        lamb_norms_kernel<G><<<grid, kThreads, 0, stream>>>(t, a, partials + offset);
+        lamb_update_kernel<G><<<grid, kThreads, 0, stream>>>(
+            t, a, partials + offset, first ? new_step->untyped_data() : nullptr,
+            step.element_type() == ffi::DataType::S64);
+        offset += blocks;
+      });
+    }
+  });
+  if (!ok || gt == ffi::DataType::F64) return invalid(op, "gradients must be f32, f16 or bf16");
+  return finish(op);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AdamWCuda, adamw,
                               bind_adamw(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SgdV2Cuda, sgd,
                               bind_sgd(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    LambCuda, lamb,
+    bind_lamb(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::ScratchAllocator>()));
 JAXOPS_REGISTER("jaxops_adamw_optimizer", AdamWCuda);
+JAXOPS_REGISTER("jaxops_lamb_optimizer", LambCuda);
 JAXOPS_REGISTER("jaxops_sgd_optimizer_v2", SgdV2Cuda);
 
 }  // namespace jaxops::optim

@@ -52,7 +52,9 @@ class CNN(torch.nn.Module):
 
     def __init__(self, channels=4, classes=5):
         super().__init__()
-        self.conv = torch.nn.Conv2d(1, channels, 3, padding=1)
+        # no conv bias: BatchNorm cancels it, so its gradient is rounding noise, which AdamW
+        # amplifies to full-size steps and any two implementations then drift apart
+        self.conv = torch.nn.Conv2d(1, channels, 3, padding=1, bias=False)
         self.bn = torch.nn.BatchNorm2d(channels)
         self.fc = torch.nn.Linear(channels * 4 * 4, classes)
         with torch.no_grad():  # distinct values: ORT's update would overwrite aliased ones

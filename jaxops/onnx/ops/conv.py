@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -126,3 +127,20 @@ def qlinear_conv(ctx, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None,
     real = acc.astype(jnp.float32) * (jnp.asarray(x_scale, jnp.float32) * ws)
     from .quant import quantize
     return quantize(real, y_scale, y_zp, np.dtype(y_zp.dtype))
+
+
+@handler("CausalConvWithState", since=27)
+def causal_conv_with_state(ctx, x, weight, bias=None, past_state=None, *, activation="none"):
+    """Depthwise causal 1-D conv over [B, C, L], carrying the last k-1 inputs as state."""
+    b, c, _ = x.shape
+    k = weight.shape[2]
+    pad = jnp.zeros((b, c, k - 1), x.dtype) if past_state is None else jnp.asarray(past_state)
+    padded = jnp.concatenate([pad, jnp.asarray(x)], axis=2)
+    y = lax.conv_general_dilated(padded, jnp.asarray(weight).astype(x.dtype), [1], [(0, 0)],
+                                 dimension_numbers=_dims(1), feature_group_count=c)
+    if bias is not None:
+        y = y + bias.reshape(-1, 1)
+    if activation in ("silu", "swish"):
+        y32 = y.astype(jnp.float32)
+        y = (y32 * jax.nn.sigmoid(y32)).astype(x.dtype)
+    return y.astype(x.dtype), padded[:, :, padded.shape[2] - (k - 1):]

@@ -151,6 +151,10 @@ def linear_attention(ctx, query, key, value, past_state=None, decay=None, beta=N
     gated = update_rule in ("gated", "gated_delta")
     delta = update_rule in ("delta", "gated_delta")
     f32 = jnp.float32
+    # jnp throughout: the scan below indexes these with a traced step
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    decay = None if decay is None else jnp.asarray(decay)
+    beta = None if beta is None else jnp.asarray(beta)
     b, t, _ = query.shape
     q = _split_heads(query, q_num_heads).astype(f32)
     k = _split_heads(key, kv_num_heads).astype(f32)

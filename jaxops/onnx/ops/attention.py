@@ -186,3 +186,32 @@ def linear_attention(ctx, query, key, value, past_state=None, decay=None, beta=N
     y = ys.transpose(1, 0, 2, 3).reshape(b, t, q_num_heads * d_v).astype(query.dtype)
     present = state.astype(query.dtype if past_state is None else past_state.dtype)
     return y, present
+
+
+_SOFTMAX_TYPES = {1: jnp.float32, 10: jnp.float16, 16: jnp.bfloat16, 11: jnp.float64}
+
+
+@handler("FlexAttention", since=1, domain="ai.onnx.preview")
+def flex_attention(ctx, Q, K, V, *, scale=None, score_mod=None, prob_mod=None,
+                   softmax_precision=None):
+    """Attention whose scores and probabilities pass through optional subgraphs
+    (score_mod, prob_mod: one input, one output). Half precision computes in f32."""
+    Q, K, V = jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V)
+    if scale is None:
+        scale = 1.0 / np.sqrt(Q.shape[-1])
+    hq, hk = Q.shape[1], K.shape[1]
+    if hq != hk:
+        K, V = jnp.repeat(K, hq // hk, axis=1), jnp.repeat(V, hq // hk, axis=1)
+    s = jnp.asarray(np.sqrt(np.float32(scale)), Q.dtype)
+    scores = jnp.matmul(Q * s, jnp.swapaxes(K * s, -1, -2))
+    if softmax_precision is not None:
+        ct = _SOFTMAX_TYPES[softmax_precision]
+    else:
+        ct = jnp.float32 if Q.dtype.itemsize < 4 else Q.dtype
+    scores = scores.astype(ct)
+    if score_mod is not None:
+        scores = jnp.asarray(ctx.run_graph(score_mod, scores)[0]).astype(ct)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if prob_mod is not None:
+        probs = jnp.asarray(ctx.run_graph(prob_mod, probs)[0]).astype(ct)
+    return jnp.matmul(probs, V.astype(ct)).astype(V.dtype)

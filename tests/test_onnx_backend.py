@@ -3,7 +3,8 @@
 Every node case on CPU runs eagerly; the cases listed in onnx_backend_xfail.txt must fail and
 every other case must pass (a listed case that passes fails too: take it off the list). The
 pass count is printed at the end. JAXOPS_ONNX_XFAIL_WRITE=PATH writes the list of the cases
-that failed in this run, with the first line of each error, to PATH.
+that failed in this run, with the first line of each error, to PATH: the way to regenerate the
+committed list (then edit reasons where the error alone does not explain the failure).
 """
 import os
 import unittest
@@ -23,14 +24,17 @@ from jaxops.onnx import backend  # noqa: E402
 XFAIL_FILE = Path(__file__).with_name("onnx_backend_xfail.txt")
 
 
-def read_xfails(path=XFAIL_FILE) -> dict[str, str]:
-    """name -> reason, from lines `test_name  # reason`."""
-    out = {}
+def read_xfails(path=XFAIL_FILE) -> tuple[str, dict[str, str]]:
+    """(the onnx version the list was made with, {name: reason}) from a first line
+    `# onnx VERSION` and lines `test_name  # reason`."""
+    version, out = "", {}
     for line in path.read_text().splitlines():
+        if line.startswith("# onnx "):
+            version = line.split()[2].rstrip(":")
         name, _, reason = line.partition("#")
         if name.strip():
             out[name.strip()] = reason.strip()
-    return out
+    return version, out
 
 
 # kept out of module globals, where pytest would collect the unittest class itself
@@ -39,7 +43,10 @@ with warnings.catch_warnings():  # the case generators divide by zero on purpose
     _SUITE = {"cases": onnx.backend.test.BackendTest(backend.JaxopsBackend, __name__)
               .test_cases["OnnxBackendNodeModelTest"]}
 NAMES = sorted(n for n in dir(_SUITE["cases"]) if n.startswith("test_") and n.endswith("_cpu"))
-XFAILS = read_xfails()
+LIST_VERSION, XFAILS = read_xfails()
+# The list is exact for the onnx it was made with; under another onnx (other cases, other
+# expectations) a failure outside the list is reported as an expected failure, not an error.
+EXACT = LIST_VERSION == onnx.__version__
 RESULTS = {"pass": [], "fail": {}, "skip": []}
 
 
@@ -58,8 +65,9 @@ class _Summary:
             f"{len(NAMES)} node cases on CPU")
         path = os.environ.get("JAXOPS_ONNX_XFAIL_WRITE")
         if path:
-            Path(path).write_text("".join(f"{n}  # {r}\n"
-                                          for n, r in sorted(RESULTS["fail"].items())))
+            Path(path).write_text(f"# onnx {onnx.__version__}: node cases expected to fail, "
+                                  "with the first line of their error\n" + "".join(
+                                      f"{n}  # {r}\n" for n, r in sorted(RESULTS["fail"].items())))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,9 +79,11 @@ def summary(request):
 
 
 def test_xfail_list_names_real_cases():
+    assert all(XFAILS.values()), "every expected failure needs a reason"
+    if not EXACT:
+        pytest.skip(f"the list is for onnx {LIST_VERSION}, this is {onnx.__version__}")
     unknown = sorted(set(XFAILS) - set(NAMES))
     assert not unknown, f"onnx_backend_xfail.txt names cases that do not exist: {unknown[:10]}"
-    assert all(XFAILS.values()), "every expected failure needs a reason"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -89,7 +99,9 @@ def test_node(name):
         RESULTS["fail"][name] = f"{type(e).__name__}: {reason}"
         if name in XFAILS:
             pytest.xfail(XFAILS[name])
+        if not EXACT:
+            pytest.xfail(f"not on the list made for onnx {LIST_VERSION}: {RESULTS['fail'][name]}")
         raise
     RESULTS["pass"].append(name)
-    if name in XFAILS:
+    if name in XFAILS and EXACT:
         pytest.fail(f"{name} passes now: take it off onnx_backend_xfail.txt", pytrace=False)

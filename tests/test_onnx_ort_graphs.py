@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxops.onnx import OnnxImportError, load

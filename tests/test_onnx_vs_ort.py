@@ -5,11 +5,13 @@ the pool, so the test skips cleanly rather than failing for what is not there.""
 import jax
 import numpy as np
 import pytest
+
+pytest.importorskip("onnx")
 from onnx import TensorProto, helper
+from onnx_build import model
 
 from jaxops.onnx import OnnxImportError, load
 from jaxops.onnx.resolve import is_supported
-from onnx_build import model
 
 ort = pytest.importorskip("onnxruntime")
 

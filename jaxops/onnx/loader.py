@@ -11,17 +11,20 @@ from jaxops.onnx.program import Program, subgraphs
 
 
 def load(model, *, base_dir: str | os.PathLike | None = None,
-         python_ops: dict[str, Callable] | None = None) -> Program:
+         python_ops: dict[str, Callable] | None = None, constants=()) -> Program:
     """Imports an ONNX model (a path, serialized bytes or a ModelProto) as a `Program`.
 
     base_dir: the folder that external-data paths are relative to (default: the model file's
       folder, or the working directory for bytes and protos); no path may leave it.
     python_ops: ORT PythonOp nodes name Python code; they are refused unless their
       `func_name` is a key here, whose function then runs as fn(*inputs, **attributes).
+    constants: names of float initializers to keep static numpy rather than params (for
+      float inputs that must be known while tracing, e.g. Resize's scales).
 
     Fails with one `OnnxImportError` listing every unsupported (domain, op_type, version).
     """
-    return Program(read_model(model, base_dir=base_dir), python_ops=python_ops)
+    return Program(read_model(model, base_dir=base_dir), python_ops=python_ops,
+                   constants=constants)
 
 
 def read_model(model, *, base_dir=None) -> onnx.ModelProto:

@@ -54,6 +54,8 @@ def sparse_to_numpy(s, what: str) -> np.ndarray:
     values = tensor_to_numpy(s.values, what)
     indices = tensor_to_numpy(s.indices, what).astype(np.int64)
     dims = tuple(int(d) for d in s.dims)
+    if any(d < 0 for d in dims) or np.prod(dims, dtype=np.float64) > 2 ** 31:
+        raise OnnxImportError(f"{what}: sparse tensor {s.values.name!r} has bad dims {dims}")
     dense = np.zeros(dims, values.dtype)
     try:
         if indices.ndim == 1:  # linear indices
@@ -61,7 +63,8 @@ def sparse_to_numpy(s, what: str) -> np.ndarray:
         else:  # [nnz, rank] coordinates
             dense[tuple(indices.T)] = values
     except (IndexError, ValueError) as e:
-        raise OnnxImportError(f"{what}: sparse tensor {s.values.name!r} is malformed: {e}") from None
+        raise OnnxImportError(
+            f"{what}: sparse tensor {s.values.name!r} is malformed: {e}") from None
     return dense
 
 
@@ -224,15 +227,14 @@ class Program:
     one output is returned as is, several as a tuple in the graph's order. Pure: usable under
     `jax.jit`, `jax.grad` (w.r.t. params and float inputs) and `jax.vmap`."""
 
-    def __init__(self, model, *, python_ops: dict[str, Callable] | None = None):
+    def __init__(self, model, *, python_ops: dict[str, Callable] | None = None, constants=()):
         self.model = model
         self.opsets = {}
         for o in model.opset_import:
             self.opsets[_domain(o.domain)] = int(o.version)
-        if "" not in self.opsets:
-            raise OnnxImportError("the model imports no ai.onnx opset (opset_import is empty)")
         self.functions = {(_domain(f.domain), f.name): f for f in model.functions}
         self.python_ops = dict(python_ops or {})
+        self._static_names = set(constants)
         self._plans: dict[int, _Plan] = {}
         self.expansions: dict[tuple, _Plan] = {}  # function bodies, expanded when first run
         self._missing: set[tuple[str, str, int]] = set()
@@ -306,15 +308,16 @@ class Program:
             env[_UPDATES] = updates
         env.update(plan.constants)
         env.update(params)
-        env.update(zip(plan.input_names, inputs))
+        # inputs left out (a function's optional ones, a malformed loop body's) are None
+        env.update(zip(plan.input_names, list(inputs) + [None] * len(plan.input_names)))
         for step in plan.steps:
             self._run_step(step, env)
         return [env[n] for n in plan.output_names]
 
     def _run_step(self, step: _Step, env):
-        args = [env[n] if n else None for n in step.inputs]
         ctx = NodeContext(self, step, env)
         try:
+            args = [env[n] if n else None for n in step.inputs]
             out = step.fn(ctx, *args, **step.attrs)
         except OnnxImportError:
             raise
@@ -334,19 +337,22 @@ class Program:
 
     # -- loading ---------------------------------------------------------------------------
 
-    def _plan(self, graph, outer: frozenset, opsets: dict, top: bool = False) -> _Plan:
+    def _plan(self, graph, outer: frozenset, opsets: dict, top: bool = False,
+              function: bool = False) -> _Plan:
         plan = self._plans.get(id(graph))
         if plan is None:
-            plan = self._check_graph(graph, top, outer, opsets)
+            plan = self._check_graph(graph, top, outer, opsets, function)
             # the plan holds the proto, so its id stays unique while the entry lives
             self._plans[id(graph)] = plan
         return plan
 
-    def plan_late(self, graph, outer: frozenset, opsets: dict, label: str) -> _Plan:
-        """Checks a graph met only while running (a function body, a handler's own graph)."""
+    def plan_late(self, graph, outer: frozenset, opsets: dict, label: str,
+                  function: bool = False) -> _Plan:
+        """Checks a graph met only while running (a function body, a handler's own graph).
+        A function's outputs that its body does not compute (unused optional ones) are None."""
         before = len(self._missing), len(self._refused)
         try:
-            plan = self._plan(graph, outer, opsets)
+            plan = self._plan(graph, outer, opsets, function=function)
         except OnnxImportError as e:
             raise OnnxImportError(f"{label}: {e}") from None
         except RecursionError:
@@ -357,8 +363,11 @@ class Program:
             raise OnnxImportError(f"{label}: its expansion needs what is unsupported: {problems}")
         return plan
 
-    def _check_graph(self, graph, top: bool, outer: frozenset, opsets: dict) -> _Plan:
+    def _check_graph(self, graph, top: bool, outer: frozenset, opsets: dict,
+                     function: bool = False) -> _Plan:
         where = "the model's graph" if top else f"subgraph {graph.name!r}"
+        _check_text(where, graph.name, *(t.name for t in graph.initializer),
+                    *(vi.name for vi in graph.input), *(vi.name for vi in graph.output))
         constants, params = {}, {}
         for t in graph.initializer:
             if not t.name:
@@ -366,7 +375,7 @@ class Program:
             value = tensor_to_numpy(t, where)
             # float initializers of the main graph are what one trains: params; the rest
             # (integers, bools, strings, subgraph constants) stay static numpy
-            if top and is_trainable(value.dtype):
+            if top and is_trainable(value.dtype) and t.name not in self._static_names:
                 params[t.name] = value
             else:
                 constants[t.name] = value
@@ -388,7 +397,9 @@ class Program:
         produced = defined | {o for s in steps for o in s.outputs if o} | outer
         for vi in graph.output:
             if vi.name not in produced:
-                raise OnnxImportError(f"{where}: output {vi.name!r} is computed by no node")
+                if not function:
+                    raise OnnxImportError(f"{where}: output {vi.name!r} is computed by no node")
+                constants[vi.name] = None
             output_names.append(vi.name)
         return _Plan(graph, steps, constants, params, input_names, output_names)
 
@@ -441,6 +452,7 @@ class Program:
         return [self._step(nodes[i], where, scope, opsets) for i in order]
 
     def _step(self, node, where, scope, opsets) -> _Step:
+        _check_text(where, node.op_type, node.domain, node.name, *node.input, *node.output)
         label = f"{where}, {node_label(node)}"
         attrs = {}
         for a in node.attribute:
@@ -475,7 +487,18 @@ class Program:
         if fn is None:
             self._missing.add((domain, node.op_type, version))
             return _unavailable
+        body = resolve.function_body(node, version, self, opsets)
+        if body is not None:  # an expanded op: its body's ops must be there too
+            graph, body_opsets = body
+            self._plan(graph, frozenset(), body_opsets, function=True)
         return fn
+
+
+def _check_text(where, *values):
+    """Names and op types must be text (protobuf hands back bytes for invalid UTF-8)."""
+    for v in values:
+        if not isinstance(v, str):
+            raise OnnxImportError(f"{where}: {v!r} is not valid UTF-8 text")
 
 
 def _unavailable(ctx, *args, **kwargs):

@@ -58,6 +58,36 @@ def python_op(node, python_ops: dict) -> Callable | None:
 
 # -- functions -------------------------------------------------------------------------------
 
+def function_body(node, version: int, program, opsets: dict):
+    """(graph, opsets) of the body that a node without a handler expands to, where that is
+    known before the input types are (model functions, plain schema functions); else None.
+    Loading plans it, so that ops missing from the body are reported with the rest."""
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    f = program.functions.get((domain, node.op_type))
+    defaults, body_opsets = {}, dict(opsets)
+    if f is None:
+        if registry.lookup(domain, node.op_type, version) or \
+                com_microsoft.ort_handler(domain, node.op_type):
+            return None
+        try:
+            schema = onnx.defs.get_schema(node.op_type, version, domain)
+        except Exception:  # noqa: BLE001
+            return None
+        plain = [v for v in schema.function_opset_versions if v <= version]
+        if not plain or [v for v in schema.context_dependent_function_opset_versions
+                         if v <= version]:
+            return None
+        f = onnx.FunctionProto()
+        f.ParseFromString(schema.get_function_with_opset_version(max(plain)))
+        defaults = {n: a.default_value for n, a in schema.attributes.items()
+                    if a.default_value.type != _A.UNDEFINED}
+    else:
+        defaults = {a.name: a for a in f.attribute_proto}
+    body_opsets.update({("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+                        for o in f.opset_import})
+    return _body_graph(f, node, defaults), body_opsets
+
+
 def _model_function(f: onnx.FunctionProto, program) -> Callable:
     defaults = {a.name: a for a in f.attribute_proto}
     opsets = dict(program.opsets)
@@ -78,6 +108,9 @@ def _schema_function(domain: str, op_type: str, version: int) -> Callable | None
     context = [v for v in schema.context_dependent_function_opset_versions if v <= version]
     if not plain and not context:
         return None
+    # attributes the caller leaves out take the schema's defaults inside the body too
+    defaults = {name: a.default_value for name, a in schema.attributes.items()
+                if a.default_value.type != _A.UNDEFINED}
 
     def run(ctx, *inputs, **attrs):
         node_bytes = ctx.node.SerializeToString()
@@ -94,9 +127,11 @@ def _schema_function(domain: str, op_type: str, version: int) -> Callable | None
         f.ParseFromString(body)
         if not f.node:
             raise ctx.error("the ONNX schema gives no function body for these inputs")
-        opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
-                  for o in f.opset_import}
-        return _run_function(ctx, f, {}, opsets, inputs, key=key)
+        # a body that leaves out its opsets uses the caller's
+        opsets = dict(ctx._step.opsets)
+        opsets.update({("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+                       for o in f.opset_import})
+        return _run_function(ctx, f, defaults, opsets, inputs, key=key)
     return run
 
 
@@ -105,16 +140,18 @@ def _run_function(ctx, f, defaults, opsets, inputs, key):
     key = key + (id(step),)
     plan = program.expansions.get(key)
     if plan is None:
-        nodes = [_bind_attrs(n, ctx.node, defaults) for n in f.node]
-        graph = helper.make_graph(
-            nodes, f"{f.name}_expanded",
-            [helper.make_empty_tensor_value_info(n) for n in f.input],
-            [helper.make_empty_tensor_value_info(n) for n in f.output])
-        plan = program.plan_late(graph, frozenset(), opsets, step.label)
+        graph = _body_graph(f, ctx.node, defaults)
+        plan = program.plan_late(graph, frozenset(), opsets, step.label, function=True)
         program.expansions[key] = plan
-    inputs = list(inputs) + [None] * (len(f.input) - len(inputs))
     outs = program._run(plan, inputs, {}, None)
     return tuple(outs) if len(outs) > 1 else outs[0]
+
+
+def _body_graph(f, caller, defaults) -> onnx.GraphProto:
+    nodes = [_bind_attrs(n, caller, defaults) for n in f.node]
+    return helper.make_graph(nodes, f"{f.name}_expanded",
+                             [helper.make_empty_tensor_value_info(n) for n in f.input],
+                             [helper.make_empty_tensor_value_info(n) for n in f.output])
 
 
 def _bind_attrs(node, caller, defaults):

@@ -69,8 +69,8 @@ def loop(ctx, M=None, cond=None, *v_initial, body):
     values, scans, i = list(v_initial), [[] for _ in range(n_scan)], 0
     live = None  # once the body's condition depends on the data: the traced "still running"
     while keep_going and (trips is None or i < trips):
-        flag = np.array(True) if live is None else live
-        out = ctx.run_graph(body, np.array(i, np.int64), flag, *values)
+        # an iteration runs only under a true condition, so the body's cond input is True
+        out = ctx.run_graph(body, np.array(i, np.int64), np.array(True), *values)
         c, new, scanned = out[0], out[1:1 + n_carried], out[1 + n_carried:]
         i += 1
         if live is None and ctx.is_static(c):
@@ -114,7 +114,7 @@ def _while_loop(ctx, trips, cond, v_initial, body, n_scan):
 
     def step(state):
         i, _, values = state
-        out = ctx.run_graph(body, i, jnp.asarray(True), *values)
+        out = ctx.run_graph(body, i, np.array(True), *values)
         new = [jnp.asarray(x).astype(jnp.asarray(o).dtype) for x, o in zip(out[1:], values)]
         return i + 1, jnp.reshape(out[0], ()).astype(bool), new
 
@@ -138,7 +138,7 @@ def _scan_loop(ctx, trips, cond, v_initial, body, n_scan):
 
     def step(carry, i):
         live, values = carry
-        out = ctx.run_graph(body, i, live, *values)
+        out = ctx.run_graph(body, i, np.array(True), *values)
         c, new, scanned = out[0], out[1:1 + len(values)], out[1 + len(values):]
         if scanned and not (ctx.is_static(c) and _truth(ctx, c, "the body's condition")):
             raise ctx.error("a loop with scan outputs must keep its condition true without "

@@ -37,25 +37,57 @@ def _artifacts_module():
     return artifacts
 
 
-@pytest.fixture(scope="module")
-def artifacts_dir(tmp_path_factory):
+def _mlp(rng):
+    """MatMul, Add, Relu: ReluGrad, Gemm, ReduceSum in the training graph."""
+    weights = {"w": rng.normal(size=(4, 3)), "b": rng.normal(size=3)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]),
+             helper.make_node("Add", ["xw", "b"], ["h"]),
+             helper.make_node("Relu", ["h"], ["logits"])]
+    data = {"x": rng.normal(size=(2, 4)).astype(np.float32)}
+    return weights, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])], data
+
+
+def _block(rng):
+    """Embedding, LayerNormalization, attention-like Softmax, x*sigmoid(x), mean pooling: ORT
+    fuses and differentiates these into GatherGrad, LayerNormalizationGrad, SoftmaxGrad_13,
+    FusedMatMul, QuickGelu(Grad), Scale."""
+    weights = {"emb": rng.normal(size=(10, 8)), "gamma": np.ones(8), "beta": np.zeros(8),
+               "wq": rng.normal(size=(8, 8)) / 3, "wo": rng.normal(size=(8, 3)) / 3}
+    nodes = [helper.make_node("Gather", ["emb", "tokens"], ["e"]),
+             helper.make_node("LayerNormalization", ["e", "gamma", "beta"],
+                              ["n", "mean", "inv_std"], axis=-1),
+             helper.make_node("MatMul", ["n", "wq"], ["q"]),
+             helper.make_node("Transpose", ["n"], ["nt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "nt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["a"], axis=-1),
+             helper.make_node("MatMul", ["a", "n"], ["c"]),
+             helper.make_node("Sigmoid", ["c"], ["g"]),
+             helper.make_node("Mul", ["c", "g"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["pooled"], axes=[1], keepdims=0),
+             helper.make_node("MatMul", ["pooled", "wo"], ["logits"])]
+    data = {"tokens": rng.integers(0, 10, size=(2, 4)).astype(np.int64)}
+    return weights, nodes, [helper.make_tensor_value_info("tokens", TensorProto.INT64,
+                                                          [2, 4])], data
+
+
+@pytest.fixture(scope="module", params=[_mlp, _block], ids=["mlp", "block"])
+def artifacts_dir(request, tmp_path_factory):
+    """(folder, weights, data inputs incl. labels) of generate_artifacts' output."""
     artifacts = _artifacts_module()
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "b")
+    weights, nodes, inputs, data = request.param(rng)
+    weights = {k: v.astype(np.float32) for k, v in weights.items()}
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["xw"]),
-         helper.make_node("Add", ["xw", "b"], ["h"]),
-         helper.make_node("Relu", ["h"], ["logits"])], "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3])], [w, b])
+        nodes, "model", inputs, [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                                               [2, 3])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 9
     out = tmp_path_factory.mktemp("artifacts")
-    artifacts.generate_artifacts(m, requires_grad=["w", "b"],
+    artifacts.generate_artifacts(m, requires_grad=list(weights),
                                  loss=artifacts.LossType.CrossEntropyLoss,
                                  optimizer=artifacts.OptimType.AdamW, artifact_directory=out)
-    return out, numpy_helper.to_array(w), numpy_helper.to_array(b)
+    return out, weights, {**data, "labels": np.array([0, 2], np.int64)}
 
 
 def _load_or_skip(path):
@@ -68,44 +100,41 @@ def _load_or_skip(path):
         pytest.skip(f"{os.path.basename(path)}: no handler yet for {sorted(missing)}")
 
 
-def _inputs(rng):
-    return rng.normal(size=(2, 4)).astype(np.float32), np.array([0, 2], np.int64)
+def _ort(path, feeds):
+    # ORT writes into in-place inputs (the accumulation buffers), and jax may still be reading
+    # the same memory (async dispatch, zero-copy inputs): hand ORT copies
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {k: np.array(v, copy=True) for k, v in feeds.items()})
 
 
-def test_eval_model_matches_onnxruntime(artifacts_dir, rng):
-    out, w, b = artifacts_dir
+def test_eval_model_matches_onnxruntime(artifacts_dir):
+    out, weights, data = artifacts_dir
     p = _load_or_skip(str(out / "eval_model.onnx"))
-    x, labels = _inputs(rng)
-    feeds = {"x": x, "labels": labels, "w": w, "b": b}
-    want = ort.InferenceSession(str(out / "eval_model.onnx"),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    np.testing.assert_allclose(jax.jit(p)(p.params, **feeds), want, rtol=1e-5)
+    feeds = {**data, **weights}
+    np.testing.assert_allclose(jax.jit(p)(p.params, **feeds),
+                               _ort(out / "eval_model.onnx", feeds)[0], rtol=1e-5)
 
 
-def test_training_model_loss_and_accumulated_gradients(artifacts_dir, rng):
-    out, w, b = artifacts_dir
+def test_training_model_loss_and_accumulated_gradients(artifacts_dir):
+    out, weights, data = artifacts_dir
     train = _load_or_skip(str(out / "training_model.onnx"))
     evaluate = _load_or_skip(str(out / "eval_model.onnx"))
-    x, labels = _inputs(rng)
-    buffers = {"w_grad.accumulation.buffer": np.ones_like(w),
-               "b_grad.accumulation.buffer": np.ones_like(b)}
-    feeds = {"x": x, "labels": labels, "w": w, "b": b, **buffers,
-             "lazy_reset_grad": np.array([False])}
+    buffers = {f"{k}_grad.accumulation.buffer": np.ones_like(v) for k, v in weights.items()}
+    feeds = {**data, **weights, **buffers, "lazy_reset_grad": np.array([False])}
     outputs, updates = jax.jit(train.run_with_updates)(train.params, **feeds)
-    want = ort.InferenceSession(str(out / "training_model.onnx"),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)
-    np.testing.assert_allclose(outputs[0], want[0], rtol=1e-5)  # the loss
-    grads = jax.grad(lambda w, b: evaluate(evaluate.params, x=x, labels=labels, w=w, b=b),
-                     argnums=(0, 1))(w, b)
+    np.testing.assert_allclose(outputs[0], _ort(out / "training_model.onnx", feeds)[0],
+                               rtol=1e-5)  # the loss
+    grads = jax.grad(lambda w: evaluate(evaluate.params, **data, **w))(weights)
     # lazy_reset_grad false: the buffers accumulate onto their old contents (ones)
-    np.testing.assert_allclose(updates["w_grad.accumulation.buffer"], 1 + grads[0], rtol=1e-5)
-    np.testing.assert_allclose(updates["b_grad.accumulation.buffer"], 1 + grads[1], rtol=1e-5)
+    for k, g in grads.items():
+        np.testing.assert_allclose(updates[f"{k}_grad.accumulation.buffer"], 1 + g,
+                                   rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_optimizer_model_adamw_step(artifacts_dir, rng):
-    out, w, b = artifacts_dir
+    out, weights, _ = artifacts_dir
     p = _load_or_skip(str(out / "optimizer_model.onnx"))
-    params = [w, b]
+    params = list(weights.values())
     grads = [rng.normal(size=v.shape).astype(np.float32) for v in params]
     m1 = [rng.normal(size=v.shape).astype(np.float32) for v in params]
     m2 = [np.abs(rng.normal(size=v.shape)).astype(np.float32) for v in params]
@@ -114,11 +143,12 @@ def test_optimizer_model_adamw_step(artifacts_dir, rng):
         p.params, learning_rate=lr, step=step, params=params, gradients=grads,
         first_order_moments=m1, second_order_moments=m2)
     a, bt, eps = 0.9, 0.999, 1e-6  # generate_artifacts' AdamW: adam_mode=1, weight_decay=0
-    for i in range(2):
+    for i in range(len(params)):
         n1 = a * m1[i] + (1 - a) * grads[i]
         n2 = bt * m2[i] + (1 - bt) * grads[i] ** 2
         new_w = params[i] - lr[0] * np.sqrt(1 - bt ** 3) / (1 - a ** 3) * n1 / (np.sqrt(n2) + eps)
         np.testing.assert_allclose(updates["params"][i], new_w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(updates["first_order_moments"][i], n1, rtol=1e-5)
         np.testing.assert_allclose(updates["second_order_moments"][i], n2, rtol=1e-5)
-    assert isinstance(updates["params"], list) and jnp.shape(updates["params"][0]) == w.shape
+    assert isinstance(updates["params"], list)
+    assert jnp.shape(updates["params"][0]) == params[0].shape

@@ -215,6 +215,10 @@ def test_python_op_needs_explicit_opt_in():
     m = model([node], ["x"], ["y"], domains=("com.microsoft",))
     with pytest.raises(OnnxImportError, match="names Python code.*mymodule.Double"):
         load(m)
+    m.graph.node.append(helper.make_node("NoSuchOp", ["y"], ["z"]))
+    with pytest.raises(OnnxImportError, match="refused unless.*unsupported op.*NoSuchOp"):
+        load(m)  # one error says both
+    del m.graph.node[-1]
     p = load(m, python_ops={"mymodule.Double": lambda x, **attrs: (None, 2 * x)})
     np.testing.assert_allclose(p(p.params, np.ones(2, np.float32)), [2, 2])
 

@@ -63,7 +63,7 @@ def inspect(path: str, out=sys.stdout) -> int:
           file=out)
     print(f"\nops ({sum(counts.values())} nodes, {len(counts)} kinds):", file=out)
     missing = 0
-    for (domain, op, version), n in sorted(counts.items()):
+    for (domain, op, version), n in sorted(counts.items(), key=repr):
         ok = (domain, op) in functions or resolve.is_supported(domain, op, version)
         missing += not ok
         print(f"  {'ok  ' if ok else 'MISSING'}  {domain or 'ai.onnx'} {op} v{version}  x{n}",

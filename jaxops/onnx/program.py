@@ -243,14 +243,14 @@ class Program:
             self._main = self._plan(model.graph, frozenset(), self.opsets, top=True)
         except RecursionError:
             raise OnnxImportError("the model's subgraphs nest too deeply") from None
-        if self._refused:
-            raise OnnxImportError("; ".join(self._refused))
+        problems = list(self._refused)
         if self._missing:
             missing = ", ".join(f"({d or 'ai.onnx'!r}, {op!r}, {v})"
                                 for d, op, v in sorted(self._missing))
-            raise OnnxImportError(
-                f"the model uses {len(self._missing)} unsupported op(s) (domain, op_type, "
-                f"opset version): {missing}")
+            problems.append(f"the model uses {len(self._missing)} unsupported op(s) (domain, "
+                            f"op_type, opset version): {missing}")
+        if problems:  # everything that stops the model, in one error
+            raise OnnxImportError("; ".join(problems))
         self.params = self._main.params
         self.input_names = list(self._main.input_names)
         self.output_names = list(self._main.output_names)
@@ -261,15 +261,15 @@ class Program:
 
     # -- calling ---------------------------------------------------------------------------
 
-    def __call__(self, params, *args, **kwargs):
+    def __call__(self, params, /, *args, **kwargs):
         outputs = self.run(params, *args, **kwargs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def run(self, params, *args, **kwargs) -> list:
+    def run(self, params, /, *args, **kwargs) -> list:
         """Like calling the program, but always returns the list of outputs."""
         return self.run_with_updates(params, *args, **kwargs)[0]
 
-    def run_with_updates(self, params, *args, **kwargs) -> tuple[list, dict]:
+    def run_with_updates(self, params, /, *args, **kwargs) -> tuple[list, dict]:
         """(outputs, updates): `updates` maps the name of each value that a node updates in
         place (in ORT training graphs: the gradient accumulation buffers, the optimizer's
         params and moments, which are graph inputs) to its new value. Functional code feeds
@@ -420,7 +420,8 @@ class Program:
         deps = []
         for node in nodes:
             needs = set()
-            for name in list(node.input) + sorted(_free_names(node)):
+            # key=repr: a subgraph's non-text names are refused when it is checked, not here
+            for name in list(node.input) + sorted(_free_names(node), key=repr):
                 if not name or name in defined:
                     continue
                 if name in producer:

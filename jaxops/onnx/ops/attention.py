@@ -135,3 +135,83 @@ def rotary_embedding(ctx, x, cos_cache, sin_cache, position_ids=None, *, interle
         xr = jnp.concatenate([r1, r2], axis=-1)
     y = jnp.concatenate([xr, rest], axis=-1).astype(x.dtype)
     return y.reshape(x.shape) if three_d else y.transpose(0, 2, 1, 3)
+
+
+def _split_heads(x, n):
+    b, t, _ = x.shape
+    return x.reshape(b, t, n, -1).transpose(0, 2, 1, 3)  # [B, n, T, d]
+
+
+@handler("LinearAttention", since=27)
+def linear_attention(ctx, query, key, value, past_state=None, decay=None, beta=None, *,
+                     chunk_size=None, kv_num_heads, q_num_heads, scale=None,
+                     update_rule="gated_delta"):
+    """Recurrent linear attention: a [d_k, d_v] state per kv head, optionally decayed
+    (gated) and delta-corrected, read by every query head of its group. f32 inside."""
+    gated = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    f32 = jnp.float32
+    # jnp throughout: the scan below indexes these with a traced step
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    decay = None if decay is None else jnp.asarray(decay)
+    beta = None if beta is None else jnp.asarray(beta)
+    b, t, _ = query.shape
+    q = _split_heads(query, q_num_heads).astype(f32)
+    k = _split_heads(key, kv_num_heads).astype(f32)
+    v = _split_heads(value, kv_num_heads).astype(f32)
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    group = q_num_heads // kv_num_heads
+    g = None
+    if gated:
+        g = (decay.reshape(b, t, kv_num_heads, 1).transpose(0, 2, 1, 3)
+             if decay.shape[-1] == kv_num_heads else _split_heads(decay, kv_num_heads)).astype(f32)
+    bt = None
+    if delta:
+        bt = beta.reshape(b, t, beta.shape[-1], 1).transpose(0, 2, 1, 3).astype(f32)
+    state0 = (jnp.zeros((b, kv_num_heads, d_k, d_v), f32) if past_state is None
+              else jnp.asarray(past_state).astype(f32))
+    s = 1.0 / np.sqrt(d_k) if not scale else float(scale)
+
+    def step(state, i):
+        kt, vt = k[:, :, i], v[:, :, i]
+        if gated:
+            state = state * jnp.exp(g[:, :, i])[..., None]
+        if delta:
+            vt = bt[:, :, i] * (vt - jnp.einsum("bhdm,bhd->bhm", state, kt))
+        state = state + kt[..., :, None] * vt[..., None, :]
+        read = jnp.repeat(state, group, axis=1) if group > 1 else state
+        return state, s * jnp.einsum("bhd,bhdm->bhm", q[:, :, i], read)
+
+    state, ys = jax.lax.scan(step, state0, jnp.arange(t))  # ys: [T, B, Hq, d_v]
+    y = ys.transpose(1, 0, 2, 3).reshape(b, t, q_num_heads * d_v).astype(query.dtype)
+    present = state.astype(query.dtype if past_state is None else past_state.dtype)
+    return y, present
+
+
+_SOFTMAX_TYPES = {1: jnp.float32, 10: jnp.float16, 16: jnp.bfloat16, 11: jnp.float64}
+
+
+@handler("FlexAttention", since=1, domain="ai.onnx.preview")
+def flex_attention(ctx, Q, K, V, *, scale=None, score_mod=None, prob_mod=None,
+                   softmax_precision=None):
+    """Attention whose scores and probabilities pass through optional subgraphs
+    (score_mod, prob_mod: one input, one output). Half precision computes in f32."""
+    Q, K, V = jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V)
+    if scale is None:
+        scale = 1.0 / np.sqrt(Q.shape[-1])
+    hq, hk = Q.shape[1], K.shape[1]
+    if hq != hk:
+        K, V = jnp.repeat(K, hq // hk, axis=1), jnp.repeat(V, hq // hk, axis=1)
+    s = jnp.asarray(np.sqrt(np.float32(scale)), Q.dtype)
+    scores = jnp.matmul(Q * s, jnp.swapaxes(K * s, -1, -2))
+    if softmax_precision is not None:
+        ct = _SOFTMAX_TYPES[softmax_precision]
+    else:
+        ct = jnp.float32 if Q.dtype.itemsize < 4 else Q.dtype
+    scores = scores.astype(ct)
+    if score_mod is not None:
+        scores = jnp.asarray(ctx.run_graph(score_mod, scores)[0]).astype(ct)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if prob_mod is not None:
+        probs = jnp.asarray(ctx.run_graph(prob_mod, probs)[0]).astype(ct)
+    return jnp.matmul(probs, V.astype(ct)).astype(V.dtype)

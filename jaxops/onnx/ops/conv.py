@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -126,3 +127,87 @@ def qlinear_conv(ctx, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None,
     real = acc.astype(jnp.float32) * (jnp.asarray(x_scale, jnp.float32) * ws)
     from .quant import quantize
     return quantize(real, y_scale, y_zp, np.dtype(y_zp.dtype))
+
+
+@handler("CausalConvWithState", since=27)
+def causal_conv_with_state(ctx, x, weight, bias=None, past_state=None, *, activation="none"):
+    """Depthwise causal 1-D conv over [B, C, L], carrying the last k-1 inputs as state."""
+    b, c, _ = x.shape
+    k = weight.shape[2]
+    pad = jnp.zeros((b, c, k - 1), x.dtype) if past_state is None else jnp.asarray(past_state)
+    padded = jnp.concatenate([pad, jnp.asarray(x)], axis=2)
+    y = lax.conv_general_dilated(padded, jnp.asarray(weight).astype(x.dtype), [1], [(0, 0)],
+                                 dimension_numbers=_dims(1), feature_group_count=c)
+    if bias is not None:
+        y = y + bias.reshape(-1, 1)
+    if activation in ("silu", "swish"):
+        y32 = y.astype(jnp.float32)
+        y = (y32 * jax.nn.sigmoid(y32)).astype(x.dtype)
+    return y.astype(x.dtype), padded[:, :, padded.shape[2] - (k - 1):]
+
+
+@handler("Col2Im", since=18)
+def col2im(ctx, x, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    """[N, C*prod(block), L] columns summed back into [N, C, *image] (the inverse of im2col);
+    the scatter index table is static."""
+    image = [int(v) for v in ctx.static(image_shape, "image_shape")]
+    block = [int(v) for v in ctx.static(block_shape, "block_shape")]
+    nd = len(image)
+    dilations = list(dilations or [1] * nd)
+    strides = list(strides or [1] * nd)
+    pads = list(pads or [0] * (2 * nd))
+    counts = [(image[i] + pads[i] + pads[i + nd] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
+              for i in range(nd)]
+    # image position of every (block offset, column) pair, per spatial dim
+    flat = np.zeros([1] * (2 * nd), np.int64)
+    valid = np.ones([1] * (2 * nd), bool)
+    for i in range(nd):
+        shape = [1] * (2 * nd)
+        shape[i], shape[nd + i] = block[i], counts[i]
+        pos = (np.arange(block[i])[:, None] * dilations[i] + np.arange(counts[i])[None, :] * strides[i]
+               - pads[i]).reshape(shape)
+        valid = valid & (pos >= 0) & (pos < image[i])
+        flat = flat * image[i] + np.clip(pos, 0, image[i] - 1)
+    flat = np.where(valid, flat, int(np.prod(image))).reshape(-1)  # out of range: dropped
+    n = x.shape[0]
+    c = x.shape[1] // int(np.prod(block))
+    cols = jnp.asarray(x).reshape(n, c, -1)
+    out = jnp.zeros((n, c, int(np.prod(image))), x.dtype).at[:, :, flat].add(cols, mode="drop")
+    return out.reshape((n, c) + tuple(image))
+
+
+@handler("DeformConv", since=19)
+def deform_conv(ctx, x, w, offset, b=None, mask=None, *, dilations=None, group=1,
+                kernel_shape=None, offset_group=1, pads=None, strides=None):
+    """2-D deformable convolution: each kernel tap samples the input bilinearly (zero outside)
+    at its regular position plus a learned offset, times an optional mask."""
+    n, c, ih, iw = x.shape
+    kh, kw = kernel_shape or w.shape[2:]
+    sh, sw = strides or (1, 1)
+    dh, dw = dilations or (1, 1)
+    pt, pl = (pads or (0, 0, 0, 0))[:2]
+    oh, ow = offset.shape[2:]
+    g = offset_group
+    off = jnp.asarray(offset).reshape(n, g, kh, kw, 2, oh, ow)
+    ys = (np.arange(oh) * sh - pt)[None, None, :, None] + (np.arange(kh) * dh)[:, None, None, None]
+    xs = (np.arange(ow) * sw - pl)[None, None, None, :] + (np.arange(kw) * dw)[None, :, None, None]
+    py = off[:, :, :, :, 0] + ys  # [N, G, kh, kw, oh, ow]
+    px = off[:, :, :, :, 1] + xs
+    y0, x0 = jnp.floor(py), jnp.floor(px)
+    xg = jnp.asarray(x).reshape(n, g, c // g, ih * iw)
+    sampled = 0
+    for cy, cx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        yy, xx = y0 + cy, x0 + cx
+        wgt = (1 - jnp.abs(py - yy)) * (1 - jnp.abs(px - xx))
+        inside = (yy >= 0) & (yy < ih) & (xx >= 0) & (xx < iw)
+        idx = (jnp.clip(yy, 0, ih - 1) * iw + jnp.clip(xx, 0, iw - 1)).astype(jnp.int32)
+        vals = jnp.take_along_axis(xg, idx.reshape(n, g, 1, -1), axis=-1)  # [N, G, C/G, K*oh*ow]
+        sampled = sampled + vals * jnp.where(inside, wgt, 0).reshape(n, g, 1, -1).astype(x.dtype)
+    if mask is not None:
+        sampled = sampled * jnp.asarray(mask).reshape(n, g, 1, -1)
+    cols = sampled.reshape(n, group, c // group, kh * kw, oh, ow)
+    wk = jnp.asarray(w).reshape(group, w.shape[0] // group, c // group, kh * kw)
+    y = jnp.einsum("ngckhw,gock->ngohw", cols, wk.astype(x.dtype)).reshape(n, -1, oh, ow)
+    if b is not None:
+        y = y + b.reshape(1, -1, 1, 1)
+    return y.astype(x.dtype)

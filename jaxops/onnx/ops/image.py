@@ -255,3 +255,60 @@ def grid_sample(ctx, x, grid, *, align_corners=0, mode="bilinear", padding_mode=
             w = w * wi
         out = out + xt[idx] * w[..., None].astype(x.dtype)
     return jnp.moveaxis(jnp.asarray(out).astype(x.dtype), -1, 1)
+
+
+def _roi_taps(n, size, start, bin_size, grid):
+    """Sample positions along one axis -> (low, high, low weight, high weight, inside) per
+    [pooled, grid] sample, with the edge rules of ORT's RoiAlign."""
+    v = start + np.arange(n)[:, None] * bin_size + (np.arange(grid)[None, :] + 0.5) * bin_size / grid
+    inside = (v >= -1.0) & (v <= size)
+    v = np.maximum(v, 0)
+    low = v.astype(np.int64)
+    at_end = low >= size - 1
+    low = np.where(at_end, size - 1, low)
+    high = np.where(at_end, size - 1, low + 1)
+    v = np.where(at_end, low, v)
+    frac = v - low
+    return low, high, 1 - frac, frac, inside
+
+
+@handler("RoiAlign", since=16)
+def roi_align(ctx, x, rois, batch_indices, *, coordinate_transformation_mode="half_pixel",
+              mode="avg", output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0):
+    """The sampling grid depends on the box sizes, so rois and batch_indices must be static."""
+    what = "rois/batch_indices (RoiAlign's sampling grid depends on them)"
+    boxes = np.asarray(ctx.static(rois, what), np.float64)
+    batch = np.asarray(ctx.static(batch_indices, what)).astype(np.int64)
+    h, w = x.shape[2:]
+    shift = 0.5 if coordinate_transformation_mode == "half_pixel" else 0.0
+    xf = jnp.asarray(x).reshape(x.shape[0], x.shape[1], h * w)
+    outs = []
+    for r in range(boxes.shape[0]):
+        x0, y0, x1, y1 = boxes[r] * spatial_scale - shift
+        rh, rw = y1 - y0, x1 - x0
+        if not shift:
+            rh, rw = max(rh, 1.0), max(rw, 1.0)
+        gh = sampling_ratio or int(np.ceil(rh / output_height))
+        gw = sampling_ratio or int(np.ceil(rw / output_width))
+        ylo, yhi, wyl, wyh, yin = _roi_taps(output_height, h, y0, rh / output_height, gh)
+        xlo, xhi, wxl, wxh, xin = _roi_taps(output_width, w, x0, rw / output_width, gw)
+        # [oh, gh, ow, gw] per corner
+        corners = []
+        for yi, wy in ((ylo, wyl), (yhi, wyh)):
+            for xi, wx in ((xlo, wxl), (xhi, wxh)):
+                idx = yi[:, :, None, None] * w + xi[None, None, :, :]
+                wt = wy[:, :, None, None] * wx[None, None, :, :]
+                wt = wt * (yin[:, :, None, None] & xin[None, None, :, :])
+                corners.append(xf[batch[r]][:, idx] * wt.astype(x.dtype))  # [C, oh, gh, ow, gw]
+        if mode == "avg":
+            v = sum(corners).sum(axis=(2, 4)) / max(gh * gw, 1)
+        else:
+            v = jnp.max(jnp.stack(corners), axis=0).max(axis=(2, 4))
+        outs.append(v)
+    return jnp.stack(outs).astype(x.dtype)
+
+
+@handler("RoiAlign", since=10)
+def roi_align_10(ctx, x, rois, batch_indices, **attrs):
+    attrs.setdefault("coordinate_transformation_mode", "output_half_pixel")  # opset 10 default
+    return roi_align(ctx, x, rois, batch_indices, **attrs)

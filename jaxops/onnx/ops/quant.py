@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import jax
 import jax.numpy as jnp
 
 from ..registry import handler
@@ -25,7 +26,14 @@ def _expand_param(p, x, axis, block_size):
 
 def quantize(x, scale, zp, to, axis=1, block_size=0, saturate=1):
     s = _expand_param(scale, x, axis, block_size)
-    q = x.astype(jnp.float32) / s.astype(jnp.float32) if x.dtype != jnp.float64 else x / s
+    if x.dtype == jnp.float64:
+        q = x / s
+    elif jax.config.jax_enable_x64:
+        # XLA's f32 division is not correctly rounded on CPU, and a quotient landing on .5
+        # then rounds the other way; an f64 quotient cast to f32 is the exact f32 division
+        q = (jnp.asarray(x, jnp.float64) / s.astype(jnp.float64)).astype(jnp.float32)
+    else:
+        q = x.astype(jnp.float32) / s.astype(jnp.float32)
     to = np.dtype(to)
     if jnp.issubdtype(to, jnp.integer):
         q = jnp.round(q)

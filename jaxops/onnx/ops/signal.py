@@ -91,3 +91,30 @@ def hamming_window(ctx, size, *, output_datatype=1, periodic=1):
 @handler("BlackmanWindow", since=17)
 def blackman_window(ctx, size, *, output_datatype=1, periodic=1):
     return _window(ctx, size, periodic, output_datatype, [0.42, -0.5, 0.08])
+
+
+@handler("MelWeightMatrix", since=17)
+def mel_weight_matrix(ctx, num_mel_bins, dft_length, sample_rate, lower_edge_hertz,
+                      upper_edge_hertz, *, output_datatype=1):
+    """Static [dft_length // 2 + 1, num_mel_bins] triangular filters (HTK mel scale), with the
+    ONNX reference's bin placement (mel step = range / (num_mel_bins + 2))."""
+    mels, n_fft, rate = (_scalar(ctx, v, "MelWeightMatrix size") for v in
+                         (num_mel_bins, dft_length, sample_rate))
+    lo, hi = (float(np.asarray(ctx.static(v, "edge frequency")).reshape(-1)[0])
+              for v in (lower_edge_hertz, upper_edge_hertz))
+    to_mel = lambda f: 2595 * np.log10(1 + f / 700)
+    points = np.arange(mels + 2) * (to_mel(hi) - to_mel(lo)) / (mels + 2) + to_mel(lo)
+    hz = 700 * (10 ** (points / 2595) - 1)
+    bins = (((n_fft + 1) * hz) // rate).astype(int)
+    out = np.zeros((n_fft // 2 + 1, mels))
+    for i in range(mels):
+        left, centre, right = bins[i], bins[i + 1], bins[i + 2]
+        if centre == left:
+            out[centre, i] = 1
+        else:
+            j = np.arange(left, centre + 1)
+            out[j, i] = (j - left) / (centre - left)
+        if right > centre:
+            j = np.arange(centre, right)
+            out[j, i] = (right - j) / (right - centre)
+    return out.astype(np_dtype(output_datatype))

@@ -8,6 +8,9 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# Tests compare with float64 references and ORT's CPU kernels: XLA's GPU dots and convolutions
+# must not round f32 operands to TF32 (its default on Ampere and newer) there.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
 

@@ -57,7 +57,8 @@ def test_unary_matches_reference(rng, name, op, reference, kw, dtype, shape):
     dy, x = unary_inputs(rng, name, shape, dtype)
     out = op(dy, x, **kw)
     assert out.dtype == dtype and out.shape == shape
-    assert_close(out, reference(*f64(dy, x), **kw), dtype)
+    # in f64 the reference is no more precise than the op: both lose digits in 1 - tanh^2
+    assert_close(out, reference(*f64(dy, x), **kw), dtype, ulps=64 if dtype == jnp.float64 else 8)
 
 
 BIAS = [("bias_gelu_grad_dx", ops.bias_gelu_grad_dx, ref.bias_gelu_grad_dx),
@@ -74,7 +75,8 @@ def test_bias_matches_reference(rng, name, op, reference, dtype, shape):
     # the op forms X + B once in its compute dtype: hand the reference that same sum
     t = jnp.float64 if dtype == jnp.float64 else jnp.float32
     xb = x.astype(t) + b.astype(t)
-    assert_close(out, reference(*f64(dy, xb, jnp.zeros_like(b))), dtype, ulps=32)  # 1 - t^2
+    ulps = 128 if dtype == jnp.float64 else 32  # 1 - t^2 cancels (in f64 the reference too)
+    assert_close(out, reference(*f64(dy, xb, jnp.zeros_like(b))), dtype, ulps=ulps)
 
 
 def test_exact_points():

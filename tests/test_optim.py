@@ -358,7 +358,7 @@ def _lamb_numpy(w, g, m1, m2, lr, step, a, b, lam, eps, rmin=-np.inf, rmax=np.in
 
 @pytest.mark.parametrize("rmin,rmax", [(-np.inf, np.inf), (0.5, 0.6), (2.0, 3.0)])
 def test_lamb_two_groups(rng, rmin, rmax):
-    groups, args, expected = [], [], []
+    args, expected = [], []
     lam, eps = [0.01, 0.0], [1e-6, 1e-4]
     for i, shape in enumerate([(4, 3), (7,)]):
         w, g = rng.standard_normal(shape), rng.standard_normal(shape)

@@ -11,7 +11,6 @@ arrays). FlattenAndUnpad's unflatten_dims output is likewise static: a numpy arr
 import math
 
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops.ops._args import check_float, named, static_ints
 from jaxops.reference import reshape as ref

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from ..registry import handler
-from ._util import xp, np_dtype, is_float, is_static
+from ._util import xp, np_dtype, is_float
 
 
 def _unary(name, np_name=None, since=1):

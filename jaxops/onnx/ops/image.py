@@ -213,7 +213,7 @@ def grid_sample(ctx, x, grid, *, align_corners=0, mode="bilinear", padding_mode=
     dims = x.shape[2:]
     nd = len(dims)
     g = jnp.asarray(grid).astype(x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32)
-    coords, taps_per_dim = [], []
+    taps_per_dim = []
     for i, size in enumerate(dims):
         v = g[..., nd - 1 - i]  # the grid's last dim lists x (width) first
         v = (v + 1) / 2 * (size - 1) if align_corners else ((v + 1) * size - 1) / 2

@@ -1,7 +1,6 @@
 """Matrix products: MatMul, Gemm, Einsum, Det, and the integer/quantized variants."""
 from __future__ import annotations
 
-import numpy as np
 import jax.numpy as jnp
 
 from ..registry import handler

@@ -4,7 +4,6 @@ static (constant) inputs."""
 from __future__ import annotations
 
 import numpy as np
-import jax
 import jax.numpy as jnp
 from jax import lax
 

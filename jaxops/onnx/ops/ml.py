@@ -2,7 +2,6 @@
 covered)."""
 from __future__ import annotations
 
-import jax.numpy as jnp
 
 from ..registry import handler
 from ._util import xp

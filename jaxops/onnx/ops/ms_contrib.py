@@ -4,7 +4,6 @@ SimplifiedLayerNormalization as ORT registers them below opset 17). Names that t
 registry (jaxops.ops.ORT_OPS) already maps are left to it."""
 from __future__ import annotations
 
-import numpy as np
 import jax
 import jax.numpy as jnp
 

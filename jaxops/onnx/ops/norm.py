@@ -1,7 +1,6 @@
 """Normalizations: BatchNorm, LayerNorm, RMSNorm, InstanceNorm, GroupNorm, LRN, LpNorm, MVN."""
 from __future__ import annotations
 
-import numpy as np
 import jax
 import jax.numpy as jnp
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import jax.numpy as jnp
 
 from ..registry import handler
 from ._util import xp, ints, is_float, norm_axis

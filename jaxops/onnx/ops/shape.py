@@ -3,10 +3,9 @@ Pad, Range, Constant, ... Static (numpy) operands give static results."""
 from __future__ import annotations
 
 import numpy as np
-import jax.numpy as jnp
 
 from ..registry import handler
-from ._util import xp, ints, axes_of, norm_axis, np_dtype, is_static
+from ._util import xp, ints, norm_axis, np_dtype
 
 
 @handler("Constant")

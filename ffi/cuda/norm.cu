@@ -412,13 +412,9 @@ ffi::Error ln_handler(const char* op, cudaStream_t stream, ffi::ScratchAllocator
                       ffi::AnyBuffer* dx, ffi::AnyBuffer* dscale, ffi::AnyBuffer* dbias,
                       int64_t axis, int64_t batch) {
   LnView v;
-  if (auto err = make_ln_view(x.dimensions(), axis, batch, &v); !err.empty()) return invalid(op, err);
-  const int64_t feat = v.groups * v.cols, rows = v.groups * v.rows;
-  const ffi::AnyBuffer* big[] = {&x, &dy, dx};
-  const Small small[] = {{&scale, feat, "scale"}, {bias ? bias : &scale, feat, "bias"},
-                         {mean ? mean : &inv, rows, "mean"}, {&inv, rows, "inv_std"},
-                         {dscale, feat, "scale_grad"}, {dbias ? dbias : dscale, feat, "bias_grad"}};
-  if (auto err = check_buffers(big, small); !err.empty()) return invalid(op, err);
+  if (auto err = check_ln(dy, x, scale, bias, mean, inv, dx, dscale, dbias, axis, batch, &v);
+      !err.empty())
+    return invalid(op, err);
   cudaError_t err = cudaSuccess;
   const bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
@@ -462,16 +458,13 @@ ffi::Error batch_norm_grad(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffe
                            ffi::Result<ffi::AnyBuffer> dbias, int64_t batch) {
   const char* op = "batch_normalization_grad";
   BnView v;
-  if (auto err = make_bn_view(x.dimensions(), batch, &v); !err.empty()) return invalid(op, err);
-  const int64_t ch = v.groups * v.c;
-  const ffi::AnyBuffer* big[] = {&x, &dy, &*dx};
-  const Small small[] = {{&scale, ch, "scale"}, {&mean, ch, "mean"}, {&inv, ch, "inv_std"},
-                         {&*dscale, ch, "scale_grad"}, {&*dbias, ch, "bias_grad"}};
-  if (auto err = check_buffers(big, small); !err.empty()) return invalid(op, err);
+  if (auto err = check_bn_grad(dy, x, scale, mean, inv, *dx, *dscale, *dbias, batch, &v);
+      !err.empty())
+    return invalid(op, err);
   const bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    if (ch == 0) return;
+    if (v.groups * v.c == 0) return;  // no channels
     const T *dyp = dy.reinterpret_data<T>(), *xp = x.reinterpret_data<T>();
     const A *mp = mean.reinterpret_data<A>(), *ip = inv.reinterpret_data<A>();
     A *ds = dscale->reinterpret_data<A>(), *db = dbias->reinterpret_data<A>();
@@ -493,18 +486,14 @@ ffi::Error batch_norm_train(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
                             int64_t batch) {
   const char* op = "batch_norm_internal";
   BnView v;
-  if (auto err = make_bn_view(x.dimensions(), batch, &v); !err.empty()) return invalid(op, err);
-  const int64_t ch = v.groups * v.c;
-  const ffi::AnyBuffer* big[] = {&x, &*y};
-  const Small small[] = {{&scale, ch, "scale"}, {&b, ch, "B"}, {&in_mean, ch, "input_mean"},
-                         {&in_var, ch, "input_var"}, {&*run_mean, ch, "running_mean"},
-                         {&*run_var, ch, "running_var"}, {&*saved_mean, ch, "saved_mean"},
-                         {&*saved_inv, ch, "saved_inv_std"}};
-  if (auto err = check_buffers(big, small); !err.empty()) return invalid(op, err);
+  if (auto err = check_bn_train(x, scale, b, in_mean, in_var, *y, *run_mean, *run_var,
+                                *saved_mean, *saved_inv, batch, &v);
+      !err.empty())
+    return invalid(op, err);
   const bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    if (ch == 0) return;
+    if (v.groups * v.c == 0) return;  // no channels
     const T* xp = x.reinterpret_data<T>();
     A *sm = saved_mean->reinterpret_data<A>(), *si = saved_inv->reinterpret_data<A>();
     bn_train_stats<T><<<ch, kThreads, 0, stream>>>(

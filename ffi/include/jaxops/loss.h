@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "jaxops/checks.h"
 #include "jaxops/dtype.h"
 
 namespace jaxops::loss {
@@ -118,6 +119,39 @@ inline bool matches_onnx_type(ffi::DataType t, int64_t onnx) {
 
 inline ffi::DataType acc_dtype(ffi::DataType t) {
   return t == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
+}
+
+// The forward's buffers, checked once for both platforms; an empty string when valid.
+inline std::string check_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& labels,
+                             const ffi::AnyBuffer& nll, const ffi::AnyBuffer& lse,
+                             const ffi::AnyBuffer* log_prob, int64_t out_type, int64_t* rows,
+                             int64_t* classes) {
+  if (auto err = check_rows(x, labels, rows, classes); !err.empty()) return err;
+  const ffi::DataType a = acc_dtype(x.element_type());
+  if (nll.element_type() != a || lse.element_type() != a || !is_vec(nll, *rows) ||
+      !is_vec(lse, *rows))
+    return "nll and lse must be [rows] in the accumulation dtype";
+  if (log_prob && !same_dims(x, *log_prob)) return "log_prob must match logits";
+  if (log_prob && !matches_onnx_type(log_prob->element_type(), out_type))
+    return "log_prob's dtype does not match out_type";
+  return {};
+}
+
+// The backward's buffers, likewise.
+inline std::string check_bwd(const ffi::AnyBuffer& g, const ffi::AnyBuffer& x,
+                             const ffi::AnyBuffer& lse, const ffi::AnyBuffer& labels,
+                             const ffi::AnyBuffer* bias, const ffi::AnyBuffer& d,
+                             int64_t out_type, int64_t* rows, int64_t* classes) {
+  if (auto err = check_rows(x, labels, rows, classes); !err.empty()) return err;
+  const ffi::DataType a = acc_dtype(x.element_type());
+  if (g.element_type() != a || lse.element_type() != a || !is_vec(g, *rows) ||
+      !is_vec(lse, *rows))
+    return "g and lse must be [rows] in the accumulation dtype";
+  if (!same_dims(x, d)) return "d_logits must match logits";
+  if (!matches_onnx_type(d.element_type(), out_type)) return "d_logits' dtype does not match out_type";
+  if (bias && (!same_dims(x, *bias) || bias->element_type() != d.element_type()))
+    return "bias must match d_logits in shape and dtype";
+  return {};
 }
 
 }  // namespace jaxops::loss

@@ -110,6 +110,51 @@ std::string check_buffers(const ffi::AnyBuffer* const (&big)[NB], const Small (&
   return {};
 }
 
+// Each handler's full check, for both platforms: fills the view, or returns an error message.
+// Layer norms: `bias` and `mean` may be absent (RMSNorm, the invertible op); so may dbias.
+inline std::string check_ln(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                            const ffi::AnyBuffer& scale, const ffi::AnyBuffer* bias,
+                            const ffi::AnyBuffer* mean, const ffi::AnyBuffer& inv,
+                            const ffi::AnyBuffer* dx, const ffi::AnyBuffer* dscale,
+                            const ffi::AnyBuffer* dbias, int64_t axis, int64_t batch, LnView* v) {
+  if (auto err = make_ln_view(x.dimensions(), axis, batch, v); !err.empty()) return err;
+  const int64_t feat = v->groups * v->cols, rows = v->groups * v->rows;
+  const ffi::AnyBuffer* big[] = {&x, &dy, dx};
+  const Small small[] = {{&scale, feat, "scale"}, {bias ? bias : &scale, feat, "bias"},
+                         {mean ? mean : &inv, rows, "mean"}, {&inv, rows, "inv_std"},
+                         {dscale, feat, "scale_grad"}, {dbias ? dbias : dscale, feat, "bias_grad"}};
+  return check_buffers(big, small);
+}
+
+inline std::string check_bn_grad(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                                 const ffi::AnyBuffer& scale, const ffi::AnyBuffer& mean,
+                                 const ffi::AnyBuffer& inv, const ffi::AnyBuffer& dx,
+                                 const ffi::AnyBuffer& dscale, const ffi::AnyBuffer& dbias,
+                                 int64_t batch, BnView* v) {
+  if (auto err = make_bn_view(x.dimensions(), batch, v); !err.empty()) return err;
+  const int64_t ch = v->groups * v->c;
+  const ffi::AnyBuffer* big[] = {&x, &dy, &dx};
+  const Small small[] = {{&scale, ch, "scale"}, {&mean, ch, "mean"}, {&inv, ch, "inv_std"},
+                         {&dscale, ch, "scale_grad"}, {&dbias, ch, "bias_grad"}};
+  return check_buffers(big, small);
+}
+
+inline std::string check_bn_train(const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
+                                  const ffi::AnyBuffer& b, const ffi::AnyBuffer& in_mean,
+                                  const ffi::AnyBuffer& in_var, const ffi::AnyBuffer& y,
+                                  const ffi::AnyBuffer& run_mean, const ffi::AnyBuffer& run_var,
+                                  const ffi::AnyBuffer& saved_mean,
+                                  const ffi::AnyBuffer& saved_inv, int64_t batch, BnView* v) {
+  if (auto err = make_bn_view(x.dimensions(), batch, v); !err.empty()) return err;
+  const int64_t ch = v->groups * v->c;
+  const ffi::AnyBuffer* big[] = {&x, &y};
+  const Small small[] = {{&scale, ch, "scale"}, {&b, ch, "B"}, {&in_mean, ch, "input_mean"},
+                         {&in_var, ch, "input_var"}, {&run_mean, ch, "running_mean"},
+                         {&run_var, ch, "running_var"}, {&saved_mean, ch, "saved_mean"},
+                         {&saved_inv, ch, "saved_inv_std"}};
+  return check_buffers(big, small);
+}
+
 // FFI signatures both platforms share, appended to a binding (CUDA's starts with its stream).
 // Big operands (dY, X/Y, X_grad) share one dtype T; the small ones (scale, bias, statistics and
 // the reduced outputs) are acc_t<T> (Python casts them).

@@ -461,10 +461,11 @@ ffi::Error batch_norm_grad(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffe
   if (auto err = check_bn_grad(dy, x, scale, mean, inv, *dx, *dscale, *dbias, batch, &v);
       !err.empty())
     return invalid(op, err);
+  const int64_t ch = v.groups * v.c;  // one block per channel
   const bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    if (v.groups * v.c == 0) return;  // no channels
+    if (ch == 0) return;
     const T *dyp = dy.reinterpret_data<T>(), *xp = x.reinterpret_data<T>();
     const A *mp = mean.reinterpret_data<A>(), *ip = inv.reinterpret_data<A>();
     A *ds = dscale->reinterpret_data<A>(), *db = dbias->reinterpret_data<A>();
@@ -490,10 +491,11 @@ ffi::Error batch_norm_train(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
                                 *saved_mean, *saved_inv, batch, &v);
       !err.empty())
     return invalid(op, err);
+  const int64_t ch = v.groups * v.c;  // one block per channel
   const bool ok = dispatch(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    if (v.groups * v.c == 0) return;  // no channels
+    if (ch == 0) return;
     const T* xp = x.reinterpret_data<T>();
     A *sm = saved_mean->reinterpret_data<A>(), *si = saved_inv->reinterpret_data<A>();
     bn_train_stats<T><<<ch, kThreads, 0, stream>>>(

@@ -93,14 +93,16 @@ def _dimension_numbers(n):
 
 
 def _conv(x, w, attrs, padding, *, lhs_dilation=None):
-    """The forward convolution in x's dtype, accumulating f16/bf16 in f32."""
+    """The forward convolution in x's dtype, accumulating f16/bf16 in f32. (The operands are
+    cast up rather than given preferred_element_type: jax 0.8 cannot transpose that.)"""
     dtype = x.dtype
     acc = v.compute_dtype(dtype)
     y = lax.conv_general_dilated(
-        x, w, window_strides=attrs.strides if lhs_dilation is None else (1,) * attrs.n,
+        x.astype(acc), w.astype(acc),
+        window_strides=attrs.strides if lhs_dilation is None else (1,) * attrs.n,
         padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=attrs.dilations,
         dimension_numbers=_dimension_numbers(attrs.n), feature_group_count=attrs.group,
-        precision=lax.Precision.HIGHEST, preferred_element_type=acc)
+        precision=lax.Precision.HIGHEST)
     return y.astype(dtype)
 
 

@@ -49,19 +49,12 @@ void run(const View& w, const I* idx, const T* dy, T* dx) {
 ffi::Error gather_grad(ffi::AnyBuffer indices, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dx,
                        int64_t axis, int64_t v) {
   const char* op = "gather_grad";
-  if (dy.element_type() != dx->element_type()) return invalid(op, "dY and dX must share one dtype");
   View w;
-  if (auto err = make_view(dx->dimensions(), axis, v, static_cast<int64_t>(indices.element_count()),
-                           static_cast<int64_t>(dy.element_count()), &w);
-      !err.empty())
-    return invalid(op, err);
-  const auto it = indices.element_type();
-  if (it != ffi::DataType::S32 && it != ffi::DataType::S64)
-    return invalid(op, "indices must be int32 or int64");
+  if (auto err = check_args(indices, dy, *dx, axis, v, &w); !err.empty()) return invalid(op, err);
   if (dx->element_count() == 0) return ffi::Error::Success();
   const bool ok = dispatch_float(dy.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    if (it == ffi::DataType::S32)
+    if (indices.element_type() == ffi::DataType::S32)
       run<T>(w, indices.reinterpret_data<int32_t>(), dy.reinterpret_data<T>(),
              dx->reinterpret_data<T>());
     else

@@ -10,14 +10,6 @@
 namespace jaxops::optim {
 namespace {
 
-// lr: one f32; step: one int32/int64; update_signal: one bool; flag: one bool.
-std::string check_scalar(const ffi::AnyBuffer& x, const char* name, ffi::DataType a,
-                         ffi::DataType b) {
-  if (x.element_count() != 1) return std::string(name) + " must hold one element";
-  if (x.element_type() != a && x.element_type() != b) return std::string(name) + " has the wrong dtype";
-  return {};
-}
-
 // Copies an operand into its result when XLA did not alias them (it does whenever it can).
 void copy_if_distinct(const ffi::AnyBuffer& in, ffi::AnyBuffer out) {
   if (in.untyped_data() != out.untyped_data() && in.size_bytes() > 0)
@@ -29,13 +21,8 @@ ffi::Error adamw(ffi::AnyBuffer lr, ffi::AnyBuffer step, ffi::AnyBuffer signal,
                  int64_t count, float alpha, float beta, float eps, float wd,
                  int64_t correct_bias, int64_t mode) {
   const char* op = "adamw_optimizer";
-  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
-                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_scalar(*flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_lists(in, out, count, 4, 3)})
-    if (!err.empty()) return invalid(op, err);
-  if (mode != 0 && mode != 1) return invalid(op, "adam_mode must be 0 or 1");
+  if (auto err = check_adamw(lr, step, signal, *flag, in, out, count, mode); !err.empty())
+    return invalid(op, err);
   const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
   *flag->reinterpret_data<bool>() = update;
   for (int64_t i = 0; i < count; ++i) {
@@ -77,11 +64,7 @@ ffi::Error adamw(ffi::AnyBuffer lr, ffi::AnyBuffer step, ffi::AnyBuffer signal,
 ffi::Error sgd(ffi::AnyBuffer lr, ffi::AnyBuffer signal, ffi::RemainingArgs in,
                ffi::Result<ffi::AnyBuffer> flag, ffi::RemainingRets out, int64_t count) {
   const char* op = "sgd_optimizer_v2";
-  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_scalar(*flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_lists(in, out, count, 2, 1)})
-    if (!err.empty()) return invalid(op, err);
+  if (auto err = check_sgd(lr, signal, *flag, in, out, count); !err.empty()) return invalid(op, err);
   const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
   *flag->reinterpret_data<bool>() = update;
   const float rate = *lr.reinterpret_data<float>();

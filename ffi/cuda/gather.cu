@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "jaxops/checks.h"
+#include "jaxops/cuda_elem.cuh"
 #include "jaxops/gather.h"
 #include "jaxops/registry.h"
 
@@ -36,9 +37,6 @@ constexpr uint32_t kNoKey = UINT32_MAX;  // never a row index (V < INT32_MAX)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// VEC consecutive elements, moved with one access.
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
 
 template <typename T>
 __device__ __forceinline__ acc_t<T> to_acc(T x) {
@@ -258,15 +256,8 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
                             ffi::AnyBuffer indices, ffi::AnyBuffer dy,
                             ffi::Result<ffi::AnyBuffer> dx, int64_t axis, int64_t v) {
   const char* op = "gather_grad";
-  if (dy.element_type() != dx->element_type()) return invalid(op, "dY and dX must share one dtype");
   View w;
-  if (auto err = make_view(dx->dimensions(), axis, v, static_cast<int64_t>(indices.element_count()),
-                           static_cast<int64_t>(dy.element_count()), &w);
-      !err.empty())
-    return invalid(op, err);
-  const auto it = indices.element_type();
-  if (it != ffi::DataType::S32 && it != ffi::DataType::S64)
-    return invalid(op, "indices must be int32 or int64");
+  if (auto err = check_args(indices, dy, *dx, axis, v, &w); !err.empty()) return invalid(op, err);
   if (w.n >= INT32_MAX || w.v >= INT32_MAX)
     return invalid(op, "the number of indices and dX's size along axis must be < 2^31 - 1");
   if (dx->element_count() == 0) return ffi::Error::Success();
@@ -277,7 +268,7 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
   ffi::Error result = ffi::Error::Success();
   const bool ok = dispatch_float(dy.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    if (it == ffi::DataType::S32)
+    if (indices.element_type() == ffi::DataType::S32)
       result = run<T>(op, stream, scratch, w, indices.reinterpret_data<int32_t>(),
                       dy.reinterpret_data<T>(), dx->reinterpret_data<T>());
     else

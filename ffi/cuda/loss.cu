@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "jaxops/checks.h"
+#include "jaxops/cuda_elem.cuh"
 #include "jaxops/loss.h"
 #include "jaxops/registry.h"
 
@@ -44,10 +45,8 @@ template <typename T> __device__ __forceinline__ acc_t<T> fexp(acc_t<T> x) {
   else return __expf(x);
 }
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec { T v[V]; };
 
-// 16-byte (or smaller) words: __ldg/__ldcs/__stcs take only builtin types, so a Vec moves
+// 16-byte (or smaller) words: __ldg/__ldcs/__stcs take only builtin types, so a Pack moves
 // as one to four of them.
 template <int B> struct Word;
 template <> struct Word<2> { using type = unsigned short; };
@@ -114,10 +113,10 @@ fwd_kernel(int64_t rows, int64_t c, const T* __restrict__ x, const int32_t* __re
   using A = acc_t<T>;
   const int64_t nvec = c / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + r * c);
+    const Pack<T, V>* xr = reinterpret_cast<const Pack<T, V>*>(x + r * c);
     MaxSum<A> ms = MaxSum<A>::empty();
     for (int64_t i0 = threadIdx.x; i0 < nvec; i0 += int64_t(blockDim.x) * kUnroll) {
-      Vec<T, V> buf[kUnroll];
+      Pack<T, V> buf[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + int64_t(u) * blockDim.x;
@@ -147,10 +146,10 @@ fwd_kernel(int64_t rows, int64_t c, const T* __restrict__ x, const int32_t* __re
       nll[r] = in_range(l, c) ? lse - ld(x[r * c + l]) : A(0);
     }
     if constexpr (kLogProb) {
-      Vec<O, V>* out = reinterpret_cast<Vec<O, V>*>(log_prob + r * c);
+      Pack<O, V>* out = reinterpret_cast<Pack<O, V>*>(log_prob + r * c);
       for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
-        const Vec<T, V> in = load_ldg(xr + i);
-        Vec<O, V> o;
+        const Pack<T, V> in = load_ldg(xr + i);
+        Pack<O, V> o;
 #pragma unroll
         for (int k = 0; k < V; ++k) o.v[k] = st<O>(acc_t<O>(ld(in.v[k]) - lse));
         out[i] = o;
@@ -167,13 +166,13 @@ bwd_kernel(int64_t rows, int64_t c, const acc_t<T>* __restrict__ g, const T* __r
   using A = acc_t<T>;
   const int64_t nvec = c / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + r * c);
-    const Vec<O, V>* br = reinterpret_cast<const Vec<O, V>*>(bias + (kBias ? r * c : 0));
-    Vec<O, V>* dr = reinterpret_cast<Vec<O, V>*>(d + r * c);
+    const Pack<T, V>* xr = reinterpret_cast<const Pack<T, V>*>(x + r * c);
+    const Pack<O, V>* br = reinterpret_cast<const Pack<O, V>*>(bias + (kBias ? r * c : 0));
+    Pack<O, V>* dr = reinterpret_cast<Pack<O, V>*>(d + r * c);
     const A gr = g[r], lr = lse[r];
     const int32_t l = labels[r];
     for (int64_t i0 = threadIdx.x; i0 < nvec; i0 += int64_t(blockDim.x) * kUnroll) {
-      Vec<T, V> buf[kUnroll];
+      Pack<T, V> buf[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + int64_t(u) * blockDim.x;
@@ -183,8 +182,8 @@ bwd_kernel(int64_t rows, int64_t c, const acc_t<T>* __restrict__ g, const T* __r
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + int64_t(u) * blockDim.x;
         if (i >= nvec) break;
-        Vec<O, V> o;
-        Vec<O, V> b;
+        Pack<O, V> o;
+        Pack<O, V> b;
         if constexpr (kBias) b = load_cs(br + i);
 #pragma unroll
         for (int k = 0; k < V; ++k) {

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "jaxops/checks.h"
+#include "jaxops/cuda_elem.cuh"
 #include "jaxops/norm.h"
 #include "jaxops/registry.h"
 
@@ -32,24 +33,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCache = 4;  // 16-byte vectors per thread a cached row holds (more would spill)
-
-// ---------------------------------------------------------------------------------------------
-// Element conversions (hardware, round to nearest even) and vector accesses
-
-__device__ __forceinline__ float to_acc(float x) { return x; }
-__device__ __forceinline__ double to_acc(double x) { return x; }
-__device__ __forceinline__ float to_acc(bf16 x) { return __uint_as_float(uint32_t(x.bits) << 16); }
-__device__ __forceinline__ float to_acc(f16 x) { return __half2float(__ushort_as_half(x.bits)); }
-
-template <typename T>
-__device__ __forceinline__ T from_acc(acc_t<T> x) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
-  else if constexpr (std::is_same_v<T, f16>) return f16{__half_as_ushort(__float2half_rn(x))};
-  else return x;
-}
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack { T v[V]; };
 
 // Sums x and y over the block; every thread gets the same totals (butterfly shuffles, then
 // the warps' sums in warp order). `red` is reused, so the trailing barrier is needed.

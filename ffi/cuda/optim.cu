@@ -238,13 +238,6 @@ lamb_update_kernel(const __grid_constant__ Table<5> t, LambArgs a, const float2*
       });
 }
 
-std::string check_scalar(const ffi::AnyBuffer& x, const char* name, ffi::DataType a,
-                         ffi::DataType b) {
-  if (x.element_count() != 1) return std::string(name) + " must hold one element";
-  if (x.element_type() != a && x.element_type() != b) return std::string(name) + " has the wrong dtype";
-  return {};
-}
-
 // Copies each operand of `lists` into its result where XLA gave them distinct buffers, so the
 // kernel can update the results in place.
 cudaError_t copy_if_distinct(cudaStream_t stream, const ffi::RemainingArgs& in,
@@ -300,13 +293,8 @@ ffi::Error adamw(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer step,
                  ffi::RemainingRets out, int64_t count, float alpha, float beta, float eps,
                  float wd, int64_t correct_bias, int64_t mode) {
   const char* op = "adamw_optimizer";
-  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
-                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_scalar(*flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_lists(in, out, count, 4, 3)})
-    if (!err.empty()) return invalid(op, err);
-  if (mode != 0 && mode != 1) return invalid(op, "adam_mode must be 0 or 1");
+  if (auto err = check_adamw(lr, step, signal, *flag, in, out, count, mode); !err.empty())
+    return invalid(op, err);
   const ffi::DataType wt = count ? in.get<ffi::AnyBuffer>(0)->element_type() : ffi::DataType::F32;
   const ffi::DataType gt = count ? in.get<ffi::AnyBuffer>(count)->element_type() : wt;
   for (int l : {2, 3})
@@ -341,11 +329,7 @@ ffi::Error sgd(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer signal,
                ffi::RemainingArgs in, ffi::Result<ffi::AnyBuffer> flag, ffi::RemainingRets out,
                int64_t count) {
   const char* op = "sgd_optimizer_v2";
-  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_scalar(*flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_lists(in, out, count, 2, 1)})
-    if (!err.empty()) return invalid(op, err);
+  if (auto err = check_sgd(lr, signal, *flag, in, out, count); !err.empty()) return invalid(op, err);
   const ffi::DataType wt = count ? in.get<ffi::AnyBuffer>(0)->element_type() : ffi::DataType::F32;
   const ffi::DataType gt = count ? in.get<ffi::AnyBuffer>(count)->element_type() : wt;
   for (int64_t i = 0; i < count; ++i)

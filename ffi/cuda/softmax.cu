@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "jaxops/checks.h"
+#include "jaxops/cuda_elem.cuh"
 #include "jaxops/registry.h"
 #include "jaxops/softmax.h"
 
@@ -49,23 +50,7 @@ JAXOPS_HD int64_t round_down(int64_t a, int64_t b) { return a / b * b; }
 template <class Math> constexpr bool kSumReadsY = !std::is_same_v<Math, LogSoftmaxGrad>;
 
 // ---------------------------------------------------------------------------------------------
-// Element conversions (hardware, round to nearest even) and 16-byte memory accesses
-
-__device__ __forceinline__ float to_acc(float x) { return x; }
-__device__ __forceinline__ double to_acc(double x) { return x; }
-__device__ __forceinline__ float to_acc(bf16 x) { return __uint_as_float(uint32_t(x.bits) << 16); }
-__device__ __forceinline__ float to_acc(f16 x) { return __half2float(__ushort_as_half(x.bits)); }
-
-template <typename T>
-__device__ __forceinline__ T from_acc(acc_t<T> x) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
-  else if constexpr (std::is_same_v<T, f16>) return f16{__half_as_ushort(__float2half_rn(x))};
-  else return x;
-}
-
-// V consecutive elements, moved with one access of V * sizeof(T) bytes.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack { T v[V]; };
+// 16-byte memory accesses (element conversions: jaxops/cuda_elem.cuh)
 
 template <int Bytes> struct Word;
 template <> struct Word<2> { using type = unsigned short; };

@@ -235,4 +235,38 @@ JAXOPS_HD Lamb<A> make_lamb(const float* hyper, float lr, float loss_scale, floa
   return c;
 }
 
+// lr: one f32; step: one int32/int64; update_signal and flags: one bool each.
+inline std::string check_scalar(const ffi::AnyBuffer& x, const char* name, ffi::DataType a,
+                                ffi::DataType b) {
+  if (x.element_count() != 1) return std::string(name) + " must hold one element";
+  if (x.element_type() != a && x.element_type() != b) return std::string(name) + " has the wrong dtype";
+  return {};
+}
+
+// The AdamW and SGD handlers' checks, for both platforms; an empty string when valid.
+inline std::string check_adamw(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& step,
+                               const ffi::AnyBuffer& signal, const ffi::AnyBuffer& flag,
+                               const ffi::RemainingArgs& in, const ffi::RemainingRets& out,
+                               int64_t count, int64_t mode) {
+  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
+                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_scalar(flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_lists(in, out, count, 4, 3)})
+    if (!err.empty()) return err;
+  if (mode != 0 && mode != 1) return "adam_mode must be 0 or 1";
+  return {};
+}
+
+inline std::string check_sgd(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& signal,
+                             const ffi::AnyBuffer& flag, const ffi::RemainingArgs& in,
+                             const ffi::RemainingRets& out, int64_t count) {
+  for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_scalar(flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_lists(in, out, count, 2, 1)})
+    if (!err.empty()) return err;
+  return {};
+}
+
 }  // namespace jaxops::optim

@@ -153,7 +153,8 @@ def test_internal_ops(rng, dtype, out_type, out_dtype, reduction):
     # ignore_index may be a traced value
     y_jit, _ = jax.jit(lambda i: ops.softmax_cross_entropy_loss_internal(
         s, l, w, i, reduction=reduction, output_type=out_type))(ii)
-    np.testing.assert_array_equal(y_jit, y)
+    # a different XLA program: on GPU its row sum may round differently (1 ulp seen on an H100)
+    assert_close(y_jit, y, tol_dtype, ulps=4)
     # without ignore_index nothing is ignored
     y_none, _ = ops.softmax_cross_entropy_loss_internal(s, l, w, None, reduction=reduction,
                                                         output_type=out_type)

@@ -16,9 +16,9 @@ Migrating a training script is one import:
 The artifacts are those `onnxruntime.training.artifacts.generate_artifacts` writes. ORT runs
 them with in-place updates: InPlaceAccumulatorV2 adds each gradient into a buffer that is not
 a graph output, AdamWOptimizer/SGDOptimizerV2 overwrite the weights and moments they are fed.
-Here those updates are returned values instead: the graphs are rewritten to expose the
-updated buffers as outputs, and each train step and each optimizer step is one jit-compiled
-function whose old buffers are donated, so the update happens in place on the device.
+Here those updates are returned values instead (`Program.run_with_updates`), and each train
+step and each optimizer step is one jit-compiled function whose old buffers are donated, so
+the update happens in place on the device.
 """
 from __future__ import annotations
 
@@ -35,14 +35,14 @@ from jaxops.onnx import checkpoint as ckpt_format
 _BUFFER_SUFFIX = "_grad.accumulation.buffer"
 _RESET_INPUT = "lazy_reset_grad"
 _GROUP = "group0"  # ORT's artifacts have one optimizer group
+_MOMENTS = ("momentum0", "momentum1")  # the checkpoint's names for AdamW's two moments
 
-# Optimizer ops: the outputs ORT leaves implicit (in-place) after the flag.
-_OPTIMIZER_OUTPUTS = {
-    "AdamWOptimizer": ("updated_weights", "updated_first_order_moments",
-                       "updated_second_order_moments"),
-    "SGDOptimizerV2": ("updated_weights",),
+# Optimizer ops: where their inputs sit (the importer returns the new params and moments,
+# which ORT writes in place, under these inputs' names).
+_OPTIMIZERS = {
+    "AdamWOptimizer": {"lr": 0, "step": 1, "params": 2, "grads": 3, "moments": (4, 5)},
+    "SGDOptimizerV2": {"lr": 0, "step": None, "params": 1, "grads": 2, "moments": ()},
 }
-_MOMENT_INPUTS = ("first_order_moments", "second_order_moments")
 
 
 def _model(uri) -> onnx.ModelProto:
@@ -50,62 +50,24 @@ def _model(uri) -> onnx.ModelProto:
 
 
 def _load_program(model: onnx.ModelProto):
-    from jaxops.onnx import (
-        load,  # the importer; imported late to keep this module light
-    )
+    from jaxops.onnx import load  # the importer; imported late to keep this module light
     return load(model)
 
 
-def _run(program, feeds: dict) -> dict:
-    """Runs an imported program on named inputs; returns its outputs by name."""
-    # positionally: a graph input may be called "params" (ORT's optimizer graphs do that)
-    outs = program.run(program.params, *[feeds[n] for n in program.input_names])
-    return dict(zip(program.output_names, outs))
+def _run(program, feeds: dict) -> tuple[dict, dict]:
+    """Runs an imported program on named inputs: (outputs by name, in-place updates by the
+    name of the input they replace)."""
+    outs, updates = program.run_with_updates(program.params,
+                                             *[feeds[n] for n in program.input_names])
+    return dict(zip(program.output_names, outs)), updates
 
 
-def _expose(graph: onnx.GraphProto, node: onnx.NodeProto, index: int, name: str,
-            value_type: onnx.TypeProto) -> None:
-    """Names output `index` of `node` (adding empty slots before it) and makes it a graph output."""
-    while len(node.output) <= index:
-        node.output.append("")
-    node.output[index] = name
-    info = onnx.ValueInfoProto(name=name)
-    info.type.CopyFrom(value_type)
-    graph.output.append(info)
-
-
-def _types(graph):
-    return {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
-
-
-def _expose_accumulators(model: onnx.ModelProto) -> dict[str, str]:
-    """Gives every InPlaceAccumulatorV2 its updated-buffer output; returns buffer -> output."""
-    graph, types, updated = model.graph, _types(model.graph), {}
-    for node in graph.node:
-        if node.op_type == "InPlaceAccumulatorV2" and node.domain == "com.microsoft":
-            buffer = node.input[0]
-            out = f"{buffer}.updated"
-            _expose(graph, node, 1, out, types[buffer])
-            updated[buffer] = out
-    return updated
-
-
-def _expose_optimizer(model: onnx.ModelProto) -> tuple[onnx.NodeProto, dict[str, str]]:
-    """Exposes the optimizer node's in-place results; returns the node and input -> output."""
-    nodes = [n for n in model.graph.node if n.op_type in _OPTIMIZER_OUTPUTS]
+def _optimizer_node(model: onnx.ModelProto) -> onnx.NodeProto:
+    nodes = [n for n in model.graph.node if n.op_type in _OPTIMIZERS]
     if len(nodes) != 1:
-        raise ValueError(f"expected one optimizer node ({', '.join(_OPTIMIZER_OUTPUTS)}) in the "
+        raise ValueError(f"expected one optimizer node ({', '.join(_OPTIMIZERS)}) in the "
                          f"optimizer model, found {len(nodes)}")
-    (node,) = nodes
-    types = _types(model.graph)
-    updated = {}
-    # updated_weights follows params (input 2); moments follow inputs 4 and 5
-    for i, _ in enumerate(_OPTIMIZER_OUTPUTS[node.op_type]):
-        source = node.input[2 if i == 0 else 3 + i]
-        name = f"{source}.updated"
-        _expose(model.graph, node, 1 + i, name, types[source])
-        updated[source] = name
-    return node, updated
+    return nodes[0]
 
 
 class Parameter:
@@ -249,10 +211,10 @@ class Module:
         if self._device is not None:
             state._params = jax.device_put(state._params, self._device)
         model = _model(train_model_uri)
-        self._updated = _expose_accumulators(model)
         self._train = _load_program(model)
         graph_inputs = [i.name for i in model.graph.input]
-        self._buffers = {b[:-len(_BUFFER_SUFFIX)]: b for b in graph_inputs if b in self._updated}
+        self._buffers = {b[:-len(_BUFFER_SUFFIX)]: b for b in graph_inputs
+                         if b.endswith(_BUFFER_SUFFIX)}
         self._param_names = [n for n in graph_inputs if n in state._params]
         missing = [p for p in self._buffers if p not in state._params]
         if missing:
@@ -261,8 +223,7 @@ class Module:
         known = set(self._param_names) | set(self._buffers.values()) | {_RESET_INPUT}
         self._train_inputs = [n for n in graph_inputs if n not in known]
         self._loss_outputs = [o for o in self._train.output_names
-                              if o not in self._updated.values()
-                              and not o.endswith("_grad.accumulation.out")]
+                              if not o.endswith("_grad.accumulation.out")]
         for p in self._buffers:
             if p not in state._grads:
                 state._grads[p] = jnp.zeros_like(state._params[p])
@@ -282,14 +243,14 @@ class Module:
         feeds.update({n: params[n] for n in self._param_names})
         feeds.update({self._buffers[p]: g for p, g in grads.items()})
         feeds[_RESET_INPUT] = jnp.reshape(reset, (1,))
-        out = _run(self._train, feeds)
-        new_grads = {p: out[self._updated[b]] for p, b in self._buffers.items()}
+        out, updates = _run(self._train, feeds)
+        new_grads = {p: updates[b] for p, b in self._buffers.items()}
         return [out[o] for o in self._loss_outputs], new_grads
 
     def _eval_fn(self, params, inputs):
         feeds = dict(zip(self._eval_inputs, inputs))
         feeds.update({n: params[n] for n in self._eval.input_names if n in params})
-        out = _run(self._eval, feeds)
+        out, _ = _run(self._eval, feeds)
         return [out[o] for o in self._eval.output_names]
 
     def __call__(self, *user_inputs):
@@ -361,35 +322,39 @@ class Optimizer:
     def __init__(self, optimizer_uri, module: Module):
         self._module, self._state = module, module._state
         model = _model(optimizer_uri)
-        node, self._updated = _expose_optimizer(model)
-        self._op = node.op_type
-        self._inputs = list(node.input)
+        node = _optimizer_node(model)
+        layout = _OPTIMIZERS[node.op_type]
+        name = lambda i: None if i is None else node.input[i]
+        self._io = {"lr": name(layout["lr"]), "step": name(layout["step"]),
+                    "params": name(layout["params"]), "grads": name(layout["grads"]),
+                    "moments": [name(i) for i in layout["moments"]]}
         self._program = _load_program(model)
         self._names = list(module._buffers)  # trainable params, training-model order
         state = self._state
         if state._initial_lr == 0.0:
             state._initial_lr = 1e-3  # ORT's default when the checkpoint has none
         self._lr = state._initial_lr
-        if self._op == "AdamWOptimizer":
+        if layout["moments"]:  # a fresh checkpoint has none: start at zero
             for p in self._names:
-                m = state._moments.setdefault(p, {})
-                for k in ("momentum0", "momentum1"):
-                    m.setdefault(k, jnp.zeros_like(state._params[p]))
+                moments = state._moments.setdefault(p, {})
+                for k in _MOMENTS:
+                    moments.setdefault(k, jnp.zeros_like(state._params[p]))
         self._step_fn = jax.jit(self._fn, donate_argnums=(0, 1))
 
     def _fn(self, params, moments, grads, lr, step):
-        names = self._names
-        feeds = {self._inputs[0]: lr, self._inputs[1]: step,
-                 self._inputs[2]: [params[n] for n in names],
-                 self._inputs[3]: [grads[n] for n in names]}
-        for i, key in enumerate(("momentum0", "momentum1")[:len(self._inputs) - 4]):
-            feeds[self._inputs[4 + i]] = [moments[n][key] for n in names]
-        out = _run(self._program, feeds)
+        names, io = self._names, self._io
+        feeds = {io["lr"]: lr, io["params"]: [params[n] for n in names],
+                 io["grads"]: [grads[n] for n in names]}
+        if io["step"] is not None:
+            feeds[io["step"]] = step
+        for key, name in zip(_MOMENTS, io["moments"]):
+            feeds[name] = [moments[n][key] for n in names]
+        _, updates = _run(self._program, feeds)
         new_params = dict(params)
-        new_params.update(zip(names, out[self._updated[self._inputs[2]]]))
+        new_params.update(zip(names, updates[io["params"]]))
         new_moments = {n: dict(m) for n, m in moments.items()}
-        for i, key in enumerate(("momentum0", "momentum1")[:len(self._inputs) - 4]):
-            for n, v in zip(names, out[self._updated[self._inputs[4 + i]]]):
+        for key, name in zip(_MOMENTS, io["moments"]):
+            for n, v in zip(names, updates[name]):
                 new_moments[n][key] = v
         return new_params, new_moments
 

@@ -19,15 +19,17 @@ def eps(dtype) -> float:
     return float(jnp.finfo(dtype).eps)
 
 
-def assert_close(actual, expected, dtype, *, ulps=8):
-    """|actual - expected| <= ulps * eps(dtype) * (|expected| + max|expected|): relative for
-    large entries, scaled to the tensor's magnitude for entries near cancellation."""
+def assert_close(actual, expected, dtype, *, ulps=8, scale=None):
+    """|actual - expected| <= ulps * eps(dtype) * (s + max s), s = |expected| unless `scale`
+    gives it: relative for large entries, scaled to the tensor's magnitude for entries near
+    cancellation. A sum of terms passes `scale` = the sum of their magnitudes."""
     a = np.asarray(jnp.asarray(actual, jnp.float64) if dtype != jnp.float64 else actual,
                    np.float64)
     e = np.asarray(expected, np.float64)
     assert a.shape == e.shape, (a.shape, e.shape)
     assert np.all(np.isfinite(a)), "non-finite output"
-    tol = ulps * eps(dtype) * (np.abs(e) + np.abs(e).max(initial=0.0))
+    s = np.abs(e) if scale is None else np.asarray(scale, np.float64)
+    tol = ulps * eps(dtype) * (s + s.max(initial=0.0))
     bad = np.abs(a - e) > tol
     assert not bad.any(), (f"{bad.sum()} of {bad.size} entries off; worst "
                            f"{np.abs(a - e).max():.3e} vs tol {tol.max():.3e}")

@@ -57,6 +57,8 @@ class Case:
     torch(torch_module, *tensors) -> tensor: PyTorch eager, or None.
     bytes: bytes an ideal kernel moves (reads + writes), for GB/s and % of copy bandwidth.
     baseline: the name of a case whose time per byte this one is compared with.
+    steps_per_call: how many steps (of `bytes` each) one call of every implementation runs;
+        times are reported per step.
     """
 
     name: str
@@ -74,6 +76,7 @@ class Case:
     baseline: str | None = None
     target: float | None = None  # the ceiling for time/byte relative to the baseline
     tol: float | None = None
+    steps_per_call: int = 1
 
     def __post_init__(self):
         if self.tol is None:
@@ -321,7 +324,8 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
     res: dict[str, Any] = {
         "name": case.name, "family": case.family, "op": case.op, "dtype": case.dtype,
         "shape": list(case.shape), "params": case.params, "bytes": case.bytes,
-        "baseline": case.baseline, "target": case.target, "impls": {},
+        "baseline": case.baseline, "target": case.target,
+        "steps_per_call": case.steps_per_call, "impls": {},
     }
     make = jax.jit(case.make_inputs)
     first = make(jax.random.key(1))
@@ -335,6 +339,8 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
     err_fn = _rel_err_fn()
 
     def record(label, timing, err, tol):
+        timing = {k: v / case.steps_per_call if k == "us" or k.endswith("_us") else v
+                  for k, v in timing.items()}
         rec = {"status": "ok", "max_rel_err": err, "tol": tol,
                "correct": bool(err <= tol)}  # NaN fails
         rec.update(timing)

@@ -39,7 +39,13 @@ struct AdamW {
 
   // One element: w, m1, m2 updated in place from gradient g.
   JAXOPS_HD void update(A& w, A g, A& m1, A& m2) const {
-    if (mode == 0) {
+    if (mode == 0) update_mode<0>(w, g, m1, m2);
+    else update_mode<1>(w, g, m1, m2);
+  }
+
+  template <int Mode>
+  JAXOPS_HD void update_mode(A& w, A g, A& m1, A& m2) const {
+    if constexpr (Mode == 0) {
       w -= lr * wd * w;  // decay first
       m1 = alpha * m1 + (A(1) - alpha) * g;
       m2 = beta * m2 + (A(1) - beta) * g * g;

@@ -110,16 +110,9 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
                 int64_t count, float ratio_min, float ratio_max, int64_t correct, int64_t has_step,
                 int64_t has_norm) {
   const char* op = "lamb_optimizer";
-  for (auto err : {check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_scalar(loss_scale, "loss_scale", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(norm, "gradient_norm", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(lr, "R", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
-                   check_scalar(*new_step, "new_step", ffi::DataType::S64, ffi::DataType::S32),
-                   check_lists(in, out, count, 4, 4)})
-    if (!err.empty()) return invalid(op, err);
-  if (hyper.element_type() != ffi::DataType::F32 || int64_t(hyper.element_count()) != kHyper * count)
-    return invalid(op, "hyper must be f32 [count, 5]");
+  if (auto err = check_lamb(signal, loss_scale, norm, lr, step, *new_step, hyper, in, out, count);
+      !err.empty())
+    return invalid(op, err);
   const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
   const int64_t t = host_int(step.untyped_data(), step.element_type());
   const int64_t t_out = update && has_step ? t + 1 : t;
@@ -128,12 +121,7 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
   for (int64_t i = 0; i < count; ++i) {
     for (int64_t k = 0; k < 4; ++k) {
       auto a = *in.get<ffi::AnyBuffer>(k * count + i);
-      auto r = **out.get<ffi::AnyBuffer>(k * count + i);
-      if (r.element_type() != a.element_type())
-        return invalid(op, "results must have their operands' dtypes");
-      if (k != 1 && a.element_type() != ffi::DataType::F32)
-        return invalid(op, "weights and moments must be float32");
-      copy_if_distinct(a, r);
+      copy_if_distinct(a, **out.get<ffi::AnyBuffer>(k * count + i));
     }
     if (!update) continue;
     auto g = *in.get<ffi::AnyBuffer>(count + i);

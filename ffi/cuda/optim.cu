@@ -362,24 +362,10 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
                 float ratio_min, float ratio_max, int64_t correct, int64_t has_step,
                 int64_t has_norm) {
   const char* op = "lamb_optimizer";
-  for (auto err : {check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
-                   check_scalar(loss_scale, "loss_scale", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(norm, "gradient_norm", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(lr, "R", ffi::DataType::F32, ffi::DataType::F32),
-                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
-                   check_scalar(*new_step, "new_step", step.element_type(), step.element_type()),
-                   check_lists(in, out, count, 4, 4)})
-    if (!err.empty()) return invalid(op, err);
-  if (hyper.element_type() != ffi::DataType::F32 || int64_t(hyper.element_count()) != kHyper * count)
-    return invalid(op, "hyper must be f32 [count, 5]");
+  if (auto err = check_lamb(signal, loss_scale, norm, lr, step, *new_step, hyper, in, out, count);
+      !err.empty())
+    return invalid(op, err);
   const ffi::DataType gt = count ? in.get<ffi::AnyBuffer>(count)->element_type() : ffi::DataType::F32;
-  for (int64_t k = 0; k < 4; ++k)
-    for (int64_t i = 0; i < count; ++i) {
-      const auto want = k == 1 ? gt : ffi::DataType::F32;
-      if (in.get<ffi::AnyBuffer>(k * count + i)->element_type() != want ||
-          (*out.get<ffi::AnyBuffer>(k * count + i))->element_type() != want)
-        return invalid(op, "weights and moments must be float32, gradients of one dtype");
-    }
   const int lists[] = {0, 1, 2, 3};
   if (cudaError_t e = copy_if_distinct(stream, in, out, count, lists, 4); e != cudaSuccess)
     return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));

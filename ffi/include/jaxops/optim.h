@@ -275,4 +275,30 @@ inline std::string check_sgd(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& sig
   return {};
 }
 
+// The LAMB handlers' checks (f32 weights and moments, one gradient dtype), for both platforms.
+inline std::string check_lamb(const ffi::AnyBuffer& signal, const ffi::AnyBuffer& loss_scale,
+                              const ffi::AnyBuffer& norm, const ffi::AnyBuffer& lr,
+                              const ffi::AnyBuffer& step, const ffi::AnyBuffer& new_step,
+                              const ffi::AnyBuffer& hyper, const ffi::RemainingArgs& in,
+                              const ffi::RemainingRets& out, int64_t count) {
+  for (auto err : {check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_scalar(loss_scale, "loss_scale", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(norm, "gradient_norm", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(lr, "R", ffi::DataType::F32, ffi::DataType::F32),
+                   check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
+                   check_scalar(new_step, "new_step", step.element_type(), step.element_type()),
+                   check_lists(in, out, count, 4, 4)})
+    if (!err.empty()) return err;
+  if (hyper.element_type() != ffi::DataType::F32 || int64_t(hyper.element_count()) != kHyper * count)
+    return "hyper must be f32 [count, 5]";
+  for (int64_t k = 0; k < 4 && count > 0; ++k) {
+    const auto want = k == 1 ? in.get<ffi::AnyBuffer>(count)->element_type() : ffi::DataType::F32;
+    for (int64_t i = 0; i < count; ++i)
+      if (in.get<ffi::AnyBuffer>(k * count + i)->element_type() != want ||
+          (*out.get<ffi::AnyBuffer>(k * count + i))->element_type() != want)
+        return "weights and moments must be float32, results of their operands' dtypes";
+  }
+  return {};
+}
+
 }  // namespace jaxops::optim

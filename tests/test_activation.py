@@ -5,12 +5,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jax.test_util import check_grads
+from jax.sharding import PartitionSpec as P
 
 from jaxops import ops
 from jaxops.reference import activation as ref
-from helpers import DTYPE_IDS, FLOAT_DTYPES, assert_close, on_cpu_devices
+import op_matrix as matrix
+from helpers import DTYPE_IDS, FLOAT_DTYPES, assert_close
 
 
 def _normal(rng, shape, dtype):
@@ -157,101 +157,36 @@ ALL = _all_ops()
 ALL_IDS = [a[0] for a in ALL]
 
 
-def _call(maker, rng, shape, dtype=jnp.float64):
-    if "name" in getattr(maker, "keywords", {}):
-        return maker(rng, shape=shape, dtype=dtype)
-    return maker(rng, shape, dtype)
-
-
-def _batch(maker, rng, core, n=3):
-    """n examples of the op's inputs at `core`, stacked on a new axis 0."""
-    examples = [_call(maker, rng, core) for _ in range(n)]
-    return [jnp.stack(xs) for xs in zip(*examples)]
-
-
-def _assert_tree_close(got, want, **kw):
-    kw = {"rtol": 1e-10, "atol": 1e-12, **kw}
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, **kw), got, want)
-
-
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 def test_jit_matches_eager(rng, name, fn, maker, argnums):
-    args = _call(maker, rng, (4, 6), jnp.float32)
-    _assert_tree_close(jax.jit(fn)(*args), fn(*args), rtol=1e-5, atol=1e-4)  # fusion rounds differently
+    matrix.check_jit(rng, fn, maker)
 
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 def test_vmap(rng, name, fn, maker, argnums):
-    args = _batch(maker, rng, (5, 6))
-    n = len(args)
-    expected = [fn(*[a[k] for a in args]) for k in range(3)]
-    stacked = jax.tree.map(lambda *e: jnp.stack(e), *expected)
-    patterns = [(0,) * n, (1,) * n, (-1,) * n]
-    patterns += [tuple(None if i == j else 0 for i in range(n)) for j in range(n)]
-    for in_axes in patterns:
-        batched = [a[0] if ax is None else jnp.moveaxis(a, 0, ax) for a, ax in zip(args, in_axes)]
-        got = jax.vmap(fn, in_axes=in_axes)(*batched)
-        if None in in_axes:  # the unbatched operand is example 0 for everyone
-            j = in_axes.index(None)
-            want = jax.tree.map(lambda *e: jnp.stack(e), *[
-                fn(*[args[i][0] if i == j else args[i][k] for i in range(n)]) for k in range(3)])
-        else:
-            want = stacked
-        _assert_tree_close(got, want)
+    matrix.check_vmap(rng, fn, maker, (5, 6))
 
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 def test_vmap_of_grad(rng, name, fn, maker, argnums):
-    args = _batch(maker, rng, (4, 5))
-
-    def grad(*a):  # the gradient of a scalar loss w.r.t. the op's float operands
-        def loss(*floats):
-            full = list(a)
-            for i, x in zip(argnums, floats):
-                full[i] = x
-            return sum(jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(fn(*full)))
-        return jax.grad(loss, tuple(range(len(argnums))))(*[a[i] for i in argnums])
-
-    stack = lambda trees: jax.tree.map(lambda *e: jnp.stack(e), *trees)
-    _assert_tree_close(jax.vmap(grad)(*args), stack([grad(*[a[k] for a in args])
-                                                     for k in range(3)]))
-    # an unbatched first operand, as vmap(grad) meets shared inputs
-    got = jax.vmap(grad, in_axes=(None,) + (0,) * (len(args) - 1))(args[0][0], *args[1:])
-    _assert_tree_close(jax.tree.map(lambda g: g[1], got),
-                       grad(args[0][0], *[a[1] for a in args[1:]]))
+    matrix.check_vmap_of_grad(rng, fn, maker, argnums, (4, 5))
 
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 def test_check_grads_order2(rng, name, fn, maker, argnums):
-    args = list(_call(maker, rng, (3, 4)))
-    def f(*floats):
-        full = list(args)
-        for i, x in zip(argnums, floats):
-            full[i] = x
-        return fn(*full)
-    check_grads(f, tuple(args[i] for i in argnums), order=2, modes=("fwd", "rev"))
+    matrix.check_grads_order2(rng, fn, maker, argnums, (3, 4))
 
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 @pytest.mark.parametrize("spec", [P("x"), P("x", None)], ids=str)
 def test_sharded_input_is_not_gathered(rng, name, fn, maker, argnums, spec):
-    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
-    args = _call(maker, rng, (8, 6), jnp.float32)
-    sharding = NamedSharding(mesh, spec)
-    placed = [jax.device_put(a, sharding) if a.shape[:1] == (8,) else a for a in args]
-    jitted = jax.jit(fn)
-    hlo = jitted.lower(*placed).compile().as_text()
-    assert "all-gather" not in hlo and "all-to-all" not in hlo
-    out = jax.tree.leaves(jitted(*placed))
-    assert out[0].sharding.spec[:1] == ("x",)
-    # XLA's f32 tanh/erf differ slightly fused and unfused: O(1) outputs, so an absolute bound
-    _assert_tree_close(out, jax.tree.leaves(fn(*args)), rtol=1e-5, atol=1e-4)
+    matrix.check_sharded(rng, fn, maker, spec, (8, 6))
 
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 def test_bad_input(rng, name, fn, maker, argnums):
     op = name.replace("_alpha", "")
-    good = _call(maker, rng, (2, 4), jnp.float32)
+    good = matrix.call(maker, rng, (2, 4), jnp.float32)
     cases = [(0, jnp.ones((2, 4), jnp.int32), TypeError, "must be float16"),
              (0, jnp.ones((2, 4), jnp.float64), TypeError, "share one dtype"),
              (0, jnp.ones((3, 4), jnp.float32), ValueError, "shape")]

@@ -1,6 +1,10 @@
-"""MaxPoolGrad (ONNX domain, ORT-private): the gradient of MaxPool as one XLA scatter-add."""
+"""MaxPoolGrad and AveragePoolGrad (ONNX domain, ORT-private CPU training kernels, outside the
+89-op CUDA registry, but in the graphs ORT's gradient builder makes for MaxPool/AveragePool):
+MaxPoolGrad as one XLA scatter-add, AveragePoolGrad as the transpose of a windowed sum."""
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxops.ops import _validate as v
 
@@ -41,6 +45,82 @@ def max_pool_grad(dY, Indices, *, x_shape, **maxpool_attrs):
     return dX.astype(dY.dtype).reshape(shape)
 
 
-__all__ = ["max_pool_grad"]
+def _pool_pads(op, x_shape, dy_shape, kernel, strides, pads, auto_pad, ceil_mode):
+    """Per spatial dim (pad_begin, pad_end), with the end pad extended so the windows make
+    exactly dY's spatial size (ceil_mode's partial last window)."""
+    spatial = x_shape[2:]
+    n = len(spatial)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pairs = []
+        for size, k, st in zip(spatial, kernel, strides):
+            total = max(0, (-(-size // st) - 1) * st + k - size)
+            small = total // 2
+            pairs.append((small, total - small) if auto_pad == "SAME_UPPER" else
+                         (total - small, small))
+    elif auto_pad in ("NOTSET", "VALID"):
+        p = [0] * (2 * n) if auto_pad == "VALID" or pads is None else list(pads)
+        if len(p) != 2 * n:
+            v.fail(op, ValueError, f"pads must hold 2 x {n} values, got {p}")
+        pairs = list(zip(p[:n], p[n:]))
+    else:
+        v.fail(op, ValueError, f"unknown auto_pad {auto_pad!r}")
+    out = []
+    for size, k, st, (b, e), got in zip(spatial, kernel, strides, pairs, dy_shape[2:]):
+        span = size + b + e - k
+        want = (-(-span // st) if ceil_mode else span // st) + 1
+        if want != got:
+            v.fail(op, ValueError, f"dY's spatial shape {tuple(dy_shape[2:])} does not match "
+                                   f"the pooling of x_shape {tuple(x_shape)}")
+        out.append((b, e, max(0, (got - 1) * st + k - (size + b + e))))
+    return out
 
-ORT_OPS = {("", "MaxPoolGrad"): max_pool_grad}
+
+def average_pool_grad(dY, *, x_shape, kernel_shape, strides=None, pads=None, auto_pad="NOTSET",
+                      ceil_mode=0, count_include_pad=0, dilations=None):
+    """ORT AveragePoolGrad (ONNX domain, ORT-private): the gradient of AveragePool.
+
+    The exact gradient of ORT's AveragePool: each dY element spreads evenly over the input
+    positions its window covers, divided by the full window size with count_include_pad=1
+    (ORT's forward divides so even where ceil_mode's last window sticks out of the padded
+    input) and by the number of input positions it covers otherwise. X's shape comes from
+    the graph's value info in ORT; here it is `x_shape`, whose dim 0 is replaced by dY's.
+
+    ORT 1.19.2's CPU AveragePoolGrad kernel disagrees with its own forward in two cases, where
+    this follows the forward: 3-D pooling, and auto_pad=SAME_LOWER (its gradient puts the odd
+    pad at the end, as for SAME_UPPER)."""
+    op = "average_pool_grad"
+    dY = jnp.asarray(dY)
+    dtype = v.floats(op, dY=dY)
+    kernel = tuple(v.integer(op, "kernel_shape", k) for k in kernel_shape)
+    shape = tuple(v.integer(op, "x_shape", i) for i in x_shape)
+    n = dY.ndim - 2
+    if dY.ndim < 3 or len(shape) != dY.ndim or len(kernel) != n:
+        v.fail(op, ValueError, f"dY (rank {dY.ndim} >= 3), x_shape {shape} and kernel_shape "
+                               f"{kernel} must agree in rank")
+    strides = tuple(v.integer(op, "strides", i) for i in (strides or [1] * n))
+    if any(d != 1 for d in (dilations or [1] * n)):
+        v.fail(op, ValueError, f"dilations other than 1 are not supported, got {dilations}")
+    if len(strides) != n or min(kernel + strides) < 1:
+        v.fail(op, ValueError, f"kernel_shape {kernel} and strides {strides} must be {n} "
+                               "positive values")
+    shape = (dY.shape[0], dY.shape[1]) + shape[2:]
+    pads3 = _pool_pads(op, shape, dY.shape, kernel, strides, pads, auto_pad, ceil_mode)
+    acc = v.compute_dtype(dtype)
+    window, step = (1, 1) + kernel, (1, 1) + strides
+    pad = ((0, 0), (0, 0)) + tuple((b, e + extra) for b, e, extra in pads3)
+    if count_include_pad:  # ORT's forward divides every window by its full size
+        counts = float(np.prod(kernel))
+    else:
+        counts = lax.reduce_window(jnp.ones((1, 1) + shape[2:], acc), np.zeros((), acc),
+                                   lax.add, window, step, pad)
+
+    def pool(x):
+        return lax.reduce_window(x, np.zeros((), acc), lax.add, window, step, pad) / counts
+
+    (dX,) = jax.linear_transpose(pool, jax.ShapeDtypeStruct(shape, acc))(dY.astype(acc))
+    return dX.astype(dtype)
+
+
+__all__ = ["average_pool_grad", "max_pool_grad"]
+
+ORT_OPS = {("", "MaxPoolGrad"): max_pool_grad, ("", "AveragePoolGrad"): average_pool_grad}

@@ -35,11 +35,14 @@ def _requested(count):
     return lambda ctx: {"outputs": tuple(ctx.output_used(i) for i in range(count))}
 
 
-def _max_pool_grad_shape(ctx):
-    shape = ctx.output_shape(0)
-    if shape is None:
-        raise ctx.error("MaxPoolGrad needs the shape of its output (X's) declared in the model")
-    return {"x_shape": shape}
+def _x_shape(op_type):
+    """The pooling gradients take X's shape from their output's declared shape, as ORT."""
+    def get(ctx):
+        shape = ctx.output_shape(0)
+        if shape is None:
+            raise ctx.error(f"{op_type} needs the shape of its output (X's) declared in the model")
+        return {"x_shape": shape}
+    return get
 
 
 # Keywords some ops need from the graph itself, beyond the node's inputs and attributes.
@@ -47,7 +50,8 @@ GRAPH_KEYWORDS = {
     "ConvGrad": _requested(3),
     "ConvTransposeGrad": _requested(3),
     "DivGrad": _requested(2),
-    "MaxPoolGrad": _max_pool_grad_shape,
+    "MaxPoolGrad": _x_shape("MaxPoolGrad"),
+    "AveragePoolGrad": _x_shape("AveragePoolGrad"),
 }
 
 

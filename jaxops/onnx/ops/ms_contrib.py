@@ -1,5 +1,5 @@
 """Forward contrib ops that ORT's exporters and optimizers put in graphs (com.microsoft
-Gelu family, FusedMatMul, SkipLayerNormalization, ...; ONNX-domain LayerNormalization and
+Gelu family, SkipLayerNormalization, ...; ONNX-domain LayerNormalization and
 SimplifiedLayerNormalization as ORT registers them below opset 17). Names that the training
 registry (jaxops.ops.ORT_OPS) already maps are left to it."""
 from __future__ import annotations
@@ -47,16 +47,6 @@ def fast_gelu(ctx, x, bias=None):
 @_register("QuickGelu")
 def quick_gelu(ctx, x, *, alpha=1.702):
     return (x * jax.nn.sigmoid(jnp.asarray(alpha, x.dtype) * x)).astype(x.dtype)
-
-
-@_register("FusedMatMul")
-def fused_matmul(ctx, a, b, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
-    def prep(x, trans, trans_batch):
-        if trans_batch and x.ndim > 2:  # [d0, d1.., M, K] -> [d1.., d0, M]-style: dim 0 moves to -2
-            x = jnp.moveaxis(x, 0, -2)
-        return jnp.swapaxes(x, -1, -2) if trans else x
-    y = jnp.matmul(prep(a, transA, transBatchA), prep(b, transB, transBatchB))
-    return (y * jnp.asarray(alpha, y.dtype)) if alpha != 1.0 else y
 
 
 def _rms(x, scale, axis, epsilon):

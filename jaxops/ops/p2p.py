@@ -91,11 +91,15 @@ def _static_rank(op, remote, what):
 
 
 def _signal(op, signal, what):
+    try:  # known while tracing (a Python bool, numpy, a constant)?
+        known = np.asarray(signal)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        known = None
     signal = jnp.asarray(signal)
     if signal.dtype != jnp.bool_ or signal.size != 1:
         raise TypeError(f"jaxops.ops.{op}: {what} must be one bool, got "
                         f"{signal.dtype}{list(signal.shape)}")
-    if not isinstance(signal, jax.core.Tracer) and not bool(signal.reshape(())):
+    if known is not None and not known.reshape(()):
         raise ValueError(f"jaxops.ops.{op}: {what} is false; ORT requires it true before the "
                          "transfer runs")
     return signal.reshape(())

@@ -53,8 +53,8 @@ class DataParallel:
         self._module, self._optimizer = module, optimizer
         state = module._state
         replicated = NamedSharding(mesh, P())
-        state._params = jax.device_put(state._params, replicated)
-        state._moments = jax.device_put(state._moments, replicated)
+        state._params = _place(state._params, replicated)
+        state._moments = _place(state._moments, replicated)
         body = jax.shard_map(self._body, mesh=mesh,
                              in_specs=(P(), P(), P(), P(), P(axis_name)),
                              out_specs=(P(), P(), P(), P()))
@@ -80,8 +80,9 @@ class DataParallel:
         """One data-parallel step on the global batch `inputs` (the training model's user
         inputs, batch first; the batch must divide evenly over the devices): forward,
         backward, all-reduce, optimizer. Returns the loss (averaged over devices when
-        `average`). Across processes, each process may instead pass a jax.Array already
-        sharded over the mesh (jax.make_array_from_process_local_data)."""
+        `average`). Across processes, every process passes the same global batch, or a
+        jax.Array already sharded over the mesh's axis (e.g. from
+        jax.make_array_from_process_local_data, each process loading only its part)."""
         module, state = self._module, self._module._state
         if len(inputs) != len(module._train_inputs):
             raise TypeError(f"expected {len(module._train_inputs)} inputs "
@@ -93,7 +94,7 @@ class DataParallel:
                 if x.ndim == 0 or x.shape[0] % self.shards:
                     raise ValueError(f"input {name!r} has shape {list(x.shape)}: its first "
                                      f"(batch) dimension must divide over {self.shards} devices")
-                x = jax.device_put(x, self._batch)
+                x = _place(x, self._batch)
             placed.append(x)
         state._step += 1  # ORT's AdamW step is 1-based; the op does not increment it
         trainable = {n: state._params[n] for n in self._optimizer._names}
@@ -105,6 +106,15 @@ class DataParallel:
             params, state._moments, lr, step, placed)
         state._params = {**frozen, **new_params}
         return loss
+
+
+def _place(tree, sharding):
+    """Host values (the same in every process) as global arrays laid out by `sharding`;
+    jax.device_put cannot reach other processes' devices, a callback per shard can."""
+    def one(x):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+    return jax.tree.map(one, tree)
 
 
 __all__ = ["DataParallel"]

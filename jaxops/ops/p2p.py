@@ -12,7 +12,7 @@ the source rank to the destination rank: the tensors packed back to back as byte
 256-byte-aligned offset, as ORT's Send packs them. The destination receives the source's
 tensors; every other rank receives zeros (what ppermute gives a rank nobody sends to), so a
 pipeline stage reads what it received only on the rank that stage runs on (see
-docs/collectives.md for a 2-stage pipeline).
+docs/p2p.md for a 2-stage pipeline).
 
 Ranks are positions along one mesh axis, the pipeline axis: `PIPELINE_AXIS` ("pipe") unless
 `axis_name=` is given or a `with pipeline_axis("stage"): ...` block is open. They must be

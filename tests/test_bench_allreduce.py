@@ -16,7 +16,7 @@ def test_quick_run_prints_every_variant(capsys):
     text = capsys.readouterr().out
     assert "over 2 cpu device(s)" in text
     for variant in ("nccl_all_reduce", "psum_per_tensor", "psum_concat"):
-        row = re.search(rf"^{variant}\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", text, re.M)
+        row = re.search(rf"^{variant}\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", text, re.MULTILINE)
         assert row, text
         ops, ms, algbw, busbw = row.groups()
         assert int(ops) >= 1 and float(ms) > 0

@@ -87,7 +87,7 @@ def test_bad_use():
 
 
 def _losses(text):
-    return [float(v) for v in re.findall(r"^step \d+ loss ([\d.]+)$", text, re.M)]
+    return [float(v) for v in re.findall(r"^step \d+ loss ([\d.]+)$", text, re.MULTILINE)]
 
 
 def _env(devices):
@@ -104,7 +104,8 @@ def _free_port():
 
 def test_example_runs_in_one_and_in_two_processes():
     example = [sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--steps", "3"]
-    one = subprocess.run(example, env=_env(4), capture_output=True, text=True, timeout=120)
+    one = subprocess.run(example, env=_env(4), capture_output=True, text=True, timeout=120,
+                         check=False)
     assert one.returncode == 0, one.stdout + one.stderr
     assert "4 device(s) in 1 process(es)" in one.stdout
     single = _losses(one.stdout)

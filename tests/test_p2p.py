@@ -170,7 +170,7 @@ def test_bad_input(rng):
         run(lambda v: ops.send(True, 1, v, tag=0, element_types=[6]))
     with pytest.raises(ValueError, match="lists 2 types for 1"):
         run(lambda v: ops.send(True, 1, v, tag=0, element_types=[1, 1]))
-    with pytest.raises(ValueError, match="pass send="):
+    with pytest.raises(TypeError, match="pass send="):
         run(lambda v: ops.recv(True, 0, tag=0))
     with pytest.raises(ValueError, match="tag 1 does not match the Send's tag 0"):
         run(lambda v: ops.recv(True, 0, tag=1, send=ops.send(True, 1, v, tag=0)))

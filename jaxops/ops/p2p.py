@@ -150,7 +150,7 @@ def recv(input_signal, remote, *, tag, element_types=None, send=None, axis_name=
     the destination rank receives the data, every other rank zeros. element_types (ONNX type
     ints) is checked against the sent tensors when given."""
     if not isinstance(send, Send):
-        raise ValueError("jaxops.ops.recv: under SPMD a Recv completes a Send of the same "
+        raise TypeError("jaxops.ops.recv: under SPMD a Recv completes a Send of the same "
                          "program: pass send=jaxops.ops.send(...) (or use jaxops.ops.send_recv)")
     axis = _axis_name(axis_name)
     if send.tag != int(tag):

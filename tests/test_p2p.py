@@ -91,6 +91,7 @@ def test_one_collective_permute_for_all_tensors(rng):
     permutes = [ln for ln in hlo.splitlines() if re.search(r"collective-permute(-start)?\(", ln)]
     assert len(permutes) == 1, permutes
     assert "source_target_pairs={{0,3}}" in permutes[0]
+    assert not re.search(r"all-gather|all-reduce|all-to-all", hlo)
 
 
 def test_gradient_goes_back_to_the_source(rng):
@@ -134,6 +135,11 @@ def test_vmap_inside_shard_map(rng):
     np.testing.assert_array_equal(out[0], _expected(x, 1, 0))
     np.testing.assert_array_equal(out[1], np.broadcast_to(_expected(y, 1, 0)[:, None],
                                                           (4, 3, 2)))
+    # vmap(grad): per example, the gradient comes back from the destination to the source
+    w = rng.standard_normal((4, 3, 2)).astype(np.float32)
+    grad = jax.vmap(jax.grad(lambda a, w: jnp.sum(ops.send_recv(True, 1, 0, a)[1] * w)))
+    g = _per_rank(grad, mesh, x, w)
+    np.testing.assert_allclose(g, _expected(w, 0, 1), rtol=1e-6)
 
 
 def test_pipeline_axis_is_overridable(rng):

@@ -253,7 +253,10 @@ class Program:
         self._missing: set[tuple[str, str, int]] = set()
         self._refused: list[str] = []
         try:
-            self._main = self._plan(model.graph, frozenset(), self.opsets, top=True)
+            from jaxops.onnx.ops.p2p import pair_transfers  # Send/Recv run as pairs
+
+            self._main = self._plan(pair_transfers(model.graph), frozenset(), self.opsets,
+                                    top=True)
         except RecursionError:
             raise OnnxImportError("the model's subgraphs nest too deeply") from None
         problems = list(self._refused)

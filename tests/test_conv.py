@@ -128,6 +128,31 @@ def test_batch_sharded_is_not_gathered(rng, name, op, forward):
                  got, op(dy, x, w, **attrs))
 
 
+@pytest.mark.parametrize("name,op,forward", [g[:3] for g in GRAD_OPS], ids=[g[0] for g in GRAD_OPS])
+@pytest.mark.parametrize("varying", ["dY", "X", "W"])
+def test_inside_shard_map_with_replicated_operands(rng, name, op, forward, varying):
+    """Per-device grads where only one operand differs between devices (the others are
+    replicated, as a shared dY or weights are in a data-parallel step)."""
+    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
+    attrs = {"strides": [2, 2]}
+    ws = (4, 3, 3, 3) if name == "conv_grad" else (3, 2, 3, 3)
+    args = dict(zip(("dY", "X", "W"), conv_inputs(rng, forward, (2, 3, 6, 6), ws, attrs,
+                                                  jnp.float32)))
+    stacked = jnp.stack([args[varying] * (k + 1) for k in range(4)])
+    specs = tuple(P("x") if k == varying else P() for k in ("dY", "X", "W"))
+
+    def per_device(dy, x, w):
+        one = {"dY": dy, "X": x, "W": w}
+        one[varying] = one[varying][0]
+        return tuple(g[None] for g in op(one["dY"], one["X"], one["W"], **attrs))
+    f = jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P("x"))
+    got = f(*[stacked if k == varying else args[k] for k in ("dY", "X", "W")])
+    for k in range(4):
+        want = op(*[stacked[k] if n == varying else args[n] for n in ("dY", "X", "W")], **attrs)
+        jax.tree.map(lambda g, e: np.testing.assert_allclose(g[k], e, rtol=1e-5, atol=1e-5),
+                     got, want)
+
+
 def test_conv_bad_input():
     x, w, dy = jnp.ones((1, 2, 5, 5)), jnp.ones((3, 2, 3, 3)), jnp.ones((1, 3, 3, 3))
     cases = [

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxops._src.compat import mark_varying, varying_axes
 from jaxops.ops import _validate as v
 
 _AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
@@ -116,6 +117,10 @@ def _grads(op, dY, X, W, forward, wanted):
     """(dX, dW, dB) of y = forward(X, W), each only if wanted."""
     want_x, want_w, want_b = wanted
     _check_dy(op, dY, jax.eval_shape(forward, X, W))
+    # inside shard_map, transposing needs dY typed as varying over every mesh axis the
+    # forward's output varies over (and the operands over dY's)
+    axes = varying_axes(dY) | varying_axes(X) | varying_axes(W)
+    dY, X, W = (mark_varying(a, axes - varying_axes(a)) for a in (dY, X, W))
     dX = dW = dB = None
     if want_x:
         (dX,) = jax.linear_transpose(lambda x: forward(x, W), X)(dY)

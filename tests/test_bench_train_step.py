@@ -1,0 +1,70 @@
+"""bench/train_step.py at its quick size on this platform: every implementation trains, and
+jaxops (the imported ORT training graphs) and PyTorch eager compute the same steps."""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's bench/
+from bench import train_step  # noqa: E402
+
+TINY = dict(warmup=1, steps=2, burst=2, trials=1)
+
+
+def test_quick_command_trains_and_reports(tmp_path):
+    """`python -m bench.train_step --quick`: finite losses and times for every implementation,
+    the same first losses (jaxops' two ways of running the graphs: bit-for-bit the same
+    program; torch: the first step's forward to f32 rounding), a JSON and a table."""
+    out = tmp_path / "r.json"
+    assert train_step.main(["--quick", "--precision", "f32", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    timings = report["results"]["f32"]["timings"]
+    names = {"jaxops fused", "jaxops API"} | ({"torch eager"} if _torch() else set())
+    assert set(timings) == names
+    for name, r in timings.items():
+        assert np.all(np.isfinite(r["first_losses"] + [r["last_loss"]])), name
+        assert r["step_ms"] > 0 and r["synced_ms"] > 0 and r["dispatch_ms"] > 0, name
+    np.testing.assert_array_equal(timings["jaxops API"]["first_losses"],
+                                  timings["jaxops fused"]["first_losses"])
+    if _torch():
+        np.testing.assert_allclose(timings["jaxops fused"]["first_losses"][0],
+                                   timings["torch eager"]["first_losses"][0], rtol=1e-5)
+    assert all(a["ok"] for a in report["results"]["f32"]["agreement"].values())
+    table = out.with_suffix(".md").read_text()
+    assert "| f32 | jaxops fused |" in table and report["config"]["params"] == 118853
+
+
+def test_torch_steps_match_the_ort_graphs(tmp_path):
+    """With AdamW's epsilon negligible (1e-30) ORT's adam_mode 1 and torch's AdamW are the same
+    update, so the first steps' losses agree to f32 rounding: the backward pass and the
+    optimizer, not only the forward, are the same computation on both sides."""
+    torch = pytest.importorskip("torch")
+    src, _ = train_step.load_size(quick=True)
+    for f in ("training_model.onnx", "config.json"):
+        shutil.copy(src / f, tmp_path / f)
+    opt = onnx.load(str(src / "optimizer_model.onnx"))
+    (node,) = [n for n in opt.graph.node if n.op_type == "AdamWOptimizer"]
+    (eps,) = [a for a in node.attribute if a.name == "epsilon"]
+    eps.f = 1e-30
+    onnx.save(opt, str(tmp_path / "optimizer_model.onnx"))
+
+    report = train_step.run(True, ["f32"], directory=tmp_path, settings=TINY, log=lambda *a: None)
+    timings = report["results"]["f32"]["timings"]
+    assert report["adamw"]["eps"] == pytest.approx(1e-30)
+    losses = {name: r["first_losses"] for name, r in timings.items()}
+    assert len(losses["torch eager"]) == train_step.CHECK_STEPS >= 3
+    assert len(set(np.round(losses["torch eager"], 4))) == 3  # the steps change the loss
+    np.testing.assert_allclose(losses["jaxops fused"], losses["torch eager"], rtol=2e-6)
+    del torch
+
+
+def _torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False

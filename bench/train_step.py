@@ -51,16 +51,22 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import onnx  # noqa: E402
 
-import jaxops.onnx  # noqa: E402
-from jaxops.onnx import checkpoint as ckpt_format  # noqa: E402
-from jaxops.onnx import training  # noqa: E402
+try:  # the importer needs onnx (the `onnx` extra); `python -m bench` imports this module
+    import onnx
+
+    import jaxops.onnx
+    from jaxops.onnx import checkpoint as ckpt_format
+    from jaxops.onnx import training
+except ImportError as e:
+    onnx = None
+    _MISSING = str(e)
 
 DATA = Path(__file__).resolve().parent / "data"
 SIZES = {False: "transformer_l6_d768_s512_b16", True: "transformer_l2_d64_s32_b4"}
@@ -292,30 +298,38 @@ def measure(impl, data, *, warmup: int, steps: int, burst: int, trials: int, tor
     return res
 
 
-def run_precision(precision, directory, config, params, data, adamw, torch, settings, log):
+IMPLS = {"fused": JaxFused.name, "api": JaxAPI.name, "torch": TorchEager.name}
+
+
+def run_precision(precision, impls, directory, config, params, data, adamw, torch, settings,
+                  log):
     gpu = jax.default_backend() == "gpu"
     jax_device = jax.devices()[0]
+    builders = {JaxFused.name: lambda: JaxFused(directory, params, jax_device),
+                JaxAPI.name: lambda: JaxAPI(directory, params, jax_device),
+                TorchEager.name: lambda: TorchEager(torch, config, params, adamw,
+                                                    "cuda" if gpu else "cpu")}
     results = {}
-    builders = [(JaxFused.name, lambda: JaxFused(directory, params, jax_device)),
-                (JaxAPI.name, lambda: JaxAPI(directory, params, jax_device))]
-    if torch is not None:
-        builders.append((TorchEager.name, lambda: TorchEager(
-            torch, config, params, adamw, "cuda" if gpu else "cpu")))
-    for name, build in builders:
+    for name in impls:
         is_torch = name == TorchEager.name
         if is_torch and gpu:
             torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-        with jax.default_matmul_precision(JAX_PRECISION[precision]):
-            impl = build()
-            t0 = time.perf_counter()
-            results[name] = measure(impl, data, **settings,
-                                    torch=torch if is_torch and gpu else None)
-        results[name]["wall_s"] = time.perf_counter() - t0
-        r = results[name]
-        log(f"  {name:13s} step {r['step_ms']:9.3f} ms  synced {r['synced_ms']:9.3f} ms  "
-            f"dispatch {r['dispatch_ms']:8.3f} ms"
-            + (f"  events {r['events_ms']:9.3f} ms" if "events_ms" in r else "")
-            + f"  losses {', '.join(f'{x:.6f}' for x in r['first_losses'])}")
+        t0 = time.perf_counter()
+        impl = None
+        try:
+            with jax.default_matmul_precision(JAX_PRECISION[precision]):
+                impl = builders[name]()
+                r = measure(impl, data, **settings, torch=torch if is_torch and gpu else None)
+            log(f"  {name:13s} step {r['step_ms']:9.3f} ms  synced {r['synced_ms']:9.3f} ms  "
+                f"dispatch {r['dispatch_ms']:8.3f} ms"
+                + (f"  events {r['events_ms']:9.3f} ms" if "events_ms" in r else "")
+                + f"  losses {', '.join(f'{x:.6f}' for x in r['first_losses'])}")
+        except Exception as e:  # one failing implementation still leaves the others' rows
+            r = {"error": f"{type(e).__name__}: {e}"[:500],
+                 "traceback": traceback.format_exc()[-4000:]}
+            log(f"  {name:13s} ERROR {r['error']}")
+        r["wall_s"] = time.perf_counter() - t0
+        results[name] = r
         del impl
         gc.collect()
         if is_torch and gpu:
@@ -324,13 +338,19 @@ def run_precision(precision, directory, config, params, data, adamw, torch, sett
 
 
 def agreement(results: dict, precision: str) -> dict:
-    """Relative differences of the first losses from the torch ones (or jaxops fused's); ok:
-    all finite and the first within TOL."""
-    ref_name = TorchEager.name if TorchEager.name in results else JaxFused.name
+    """Relative differences of the first losses from the torch ones (or else the first
+    implementation's that ran); ok: all finite and the first within TOL."""
+    ran = [n for n, r in results.items() if "error" not in r]
+    if not ran:
+        return {}
+    ref_name = TorchEager.name if TorchEager.name in ran else ran[0]
     ref = np.asarray(results[ref_name]["first_losses"])
     out = {}
     for name, r in results.items():
         if name == ref_name:
+            continue
+        if "error" in r:
+            out[name] = {"vs": ref_name, "ok": False, "error": r["error"]}
             continue
         rel = np.abs(np.asarray(r["first_losses"]) - ref) / np.abs(ref)
         finite = np.all(np.isfinite(r["first_losses"] + [r["last_loss"]]))
@@ -354,8 +374,11 @@ def table(report: dict) -> str:
              "| vs torch (step) | first losses agree |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for precision, block in report["results"].items():
-        torch_ms = block["timings"].get(TorchEager.name, {}).get("step_ms")
+        torch_ms = block["timings"].get(TorchEager.name, {}).get("step_ms")  # None: failed
         for name, r in block["timings"].items():
+            if "error" in r:
+                lines.append(f"| {precision} | {name} | ERROR: {r['error'][:200]} |||||||")
+                continue
             agree = block["agreement"].get(name)
             agree_txt = "(reference)" if agree is None else (
                 f"{'yes' if agree['ok'] else 'NO'} (rel. diff. {agree['rel_diff'][0]:.0e}, "
@@ -384,12 +407,16 @@ def load_torch():
     return torch, None
 
 
-def run(quick: bool, precisions: list[str], *, directory: Path | None = None,
+def run(quick: bool, precisions: list[str], *, impls=tuple(IMPLS), directory: Path | None = None,
         settings: dict | None = None, log=print) -> dict:
+    """The benchmark: a report dict (its "table" is the markdown). impls: keys of IMPLS."""
     from bench import harness
+    if onnx is None:
+        raise SystemExit(f"bench.train_step needs the onnx extra: {_MISSING}")
     torch, why_not = load_torch()
     if why_not:
         log(f"torch peer skipped: {why_not}")
+    impls = [IMPLS[k] for k in impls if k != "torch" or torch is not None]
     directory, config = load_size(quick, directory)
     if settings is None:
         settings = (dict(warmup=2, steps=5, burst=4, trials=2) if quick
@@ -411,8 +438,8 @@ def run(quick: bool, precisions: list[str], *, directory: Path | None = None,
         f"({env['backend']}); AdamW {adamw}")
     for precision in precisions:
         log(f"precision {precision}:")
-        timings = run_precision(precision, directory, config, params, data, adamw, torch,
-                                settings, log)
+        timings = run_precision(precision, impls, directory, config, params, data, adamw,
+                                torch, settings, log)
         report["results"][precision] = {"timings": timings,
                                         "agreement": agreement(timings, precision)}
     report["table"] = table(report)
@@ -436,6 +463,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="the small model (CPU, seconds)")
     p.add_argument("--precision", choices=["f32", "tf32", "both"],
                    help="matmul precision of both sides (default: both on a GPU, f32 on CPU)")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help=f"comma list of {', '.join(IMPLS)} (default: all)")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/train_step-<time>"
                    ".json); the table also goes next to it as .md")
     args = p.parse_args(argv)
@@ -447,7 +476,11 @@ def main(argv=None):
             torch.set_num_threads(1)
         except ImportError:
             pass
-    report = run(args.quick, precisions)
+    impls = [x.strip() for x in args.impls.split(",") if x.strip()]
+    unknown = set(impls) - set(IMPLS)
+    if unknown:
+        p.error(f"--impls: unknown {sorted(unknown)} (choose from {', '.join(IMPLS)})")
+    report = run(args.quick, precisions, impls=impls)
     out = args.out
     if out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -460,9 +493,10 @@ def main(argv=None):
     print(report["table"])
     print(f"\nwrote {out} and {out.with_suffix('.md')}")
     bad = [f"{prec}/{name}" for prec, block in report["results"].items()
-           for name, a in block["agreement"].items() if not a["ok"]]
+           for name, r in block["timings"].items()
+           if "error" in r or not block["agreement"].get(name, {"ok": True})["ok"]]
     if bad:
-        print(f"losses disagree: {', '.join(bad)}")
+        print(f"failed, or first losses disagree: {', '.join(bad)}")
     return 1 if bad else 0
 
 

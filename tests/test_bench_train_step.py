@@ -62,6 +62,21 @@ def test_torch_steps_match_the_ort_graphs(tmp_path):
     del torch
 
 
+def test_a_failing_implementation_is_reported_not_fatal(monkeypatch):
+    """An implementation that raises (a kernel failing on the GPU, say) gets an ERROR row and
+    fails the agreement; the others still run."""
+    def boom(self, ids, labels):
+        raise RuntimeError("kernel failed")
+    monkeypatch.setattr(train_step.JaxAPI, "__call__", boom)
+    report = train_step.run(True, ["f32"], impls=["fused", "api"], settings=TINY,
+                            log=lambda *a: None)
+    block = report["results"]["f32"]
+    assert block["timings"]["jaxops API"]["error"] == "RuntimeError: kernel failed"
+    assert np.isfinite(block["timings"]["jaxops fused"]["step_ms"])
+    assert block["agreement"]["jaxops API"]["ok"] is False
+    assert "| jaxops API | ERROR: RuntimeError: kernel failed |" in report["table"]
+
+
 def _torch():
     try:
         import torch  # noqa: F401

@@ -34,8 +34,9 @@ Timing, after warm-up (the first steps also compile and check the losses), media
             torch eager launching every kernel of the step
   events    torch on CUDA: CUDA-event time of single steps in a burst
 Precision: the ORT graph is f32 (generate_artifacts has no mixed precision). "f32" runs
-full-f32 matmuls on both sides (jax "float32", torch allow_tf32=False: torch's default);
-"tf32" TF32 tensor-core matmuls on both (jax's default on GPU, torch allow_tf32=True).
+full-f32 matmuls on both sides (jax "float32", torch "highest": torch's default); "tf32"
+TF32 tensor-core matmuls on both (jax "tensorfloat32", what jax does on a GPU by default;
+torch "high").
 """
 from __future__ import annotations
 
@@ -312,14 +313,16 @@ def run_precision(precision, impls, directory, config, params, data, adamw, torc
     results = {}
     for name in impls:
         is_torch = name == TorchEager.name
-        if is_torch and gpu:
-            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        if is_torch:  # "high": TF32 matmuls on CUDA (allow_tf32); "highest": f32
+            torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
         t0 = time.perf_counter()
         impl = None
         try:
             with jax.default_matmul_precision(JAX_PRECISION[precision]):
                 impl = builders[name]()
                 r = measure(impl, data, **settings, torch=torch if is_torch and gpu else None)
+                r["matmul_precision"] = (torch.get_float32_matmul_precision() if is_torch
+                                         else jax.config.jax_default_matmul_precision)
             log(f"  {name:13s} step {r['step_ms']:9.3f} ms  synced {r['synced_ms']:9.3f} ms  "
                 f"dispatch {r['dispatch_ms']:8.3f} ms"
                 + (f"  events {r['events_ms']:9.3f} ms" if "events_ms" in r else "")

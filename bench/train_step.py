@@ -368,13 +368,13 @@ def table(report: dict) -> str:
              f"{cfg['batch']} x seq {cfg['seq']}), {env['device']} ({env['backend']}), "
              f"{env['date'][:10]}{' — QUICK' if report['quick'] else ''}", "",
              f"jax {env['jax']}, jaxlib {env['jaxlib']}, torch {env['torch']}, jaxops "
-             f"{env['jaxops']} ({env['jaxops_git'] or 'no git'}). ms per step (forward, backward, "
-             f"AdamW): medians; step = bursts of {report['settings']['burst']} steps with one sync; "
-             f"synced = one step + sync; dispatch = host time of the step call; events = CUDA "
-             f"events. TFLOP/s from {report['flops_per_step'] / 1e12:.3g} TFLOP of matmuls per "
-             f"step.", "",
-             "| precision | implementation | step ms | TFLOP/s | synced ms | dispatch ms | events ms "
-             "| vs torch (step) | first losses agree |",
+             f"{env['jaxops']} ({env['jaxops_git'] or 'no git'}). ms per step (forward, "
+             f"backward, AdamW): medians; step = bursts of {report['settings']['burst']} steps "
+             f"with one sync; synced = one step + sync; dispatch = host time of the step call; "
+             f"events = CUDA events. TFLOP/s from {report['flops_per_step'] / 1e12:.3g} TFLOP "
+             f"of matmuls per step.", "",
+             "| precision | implementation | step ms | TFLOP/s | synced ms | dispatch ms "
+             "| events ms | vs torch (step) | first losses agree |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for precision, block in report["results"].items():
         torch_ms = block["timings"].get(TorchEager.name, {}).get("step_ms")  # None: failed
@@ -386,7 +386,8 @@ def table(report: dict) -> str:
             agree_txt = "(reference)" if agree is None else (
                 f"{'yes' if agree['ok'] else 'NO'} (rel. diff. {agree['rel_diff'][0]:.0e}, "
                 f"then <= {max(agree['rel_diff'][1:]):.0e})")
-            speed = f"{torch_ms / r['step_ms']:.2f}x" if torch_ms and name != TorchEager.name else "–"
+            speed = (f"{torch_ms / r['step_ms']:.2f}x" if torch_ms and name != TorchEager.name
+                     else "–")
             events = f"{r['events_ms']:.3f}" if "events_ms" in r else "–"
             lines.append(f"| {precision} | {name} | {r['step_ms']:.3f} | "
                          f"{report['flops_per_step'] / (r['step_ms'] * 1e-3) / 1e12:.3g} | "

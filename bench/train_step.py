@@ -46,8 +46,10 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
 import datetime  # noqa: E402
 import gc  # noqa: E402
+import gzip  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -302,8 +304,61 @@ def measure(impl, data, *, warmup: int, steps: int, burst: int, trials: int, tor
 IMPLS = {"fused": JaxFused.name, "api": JaxAPI.name, "torch": TorchEager.name}
 
 
+PROFILE_STEPS = 3
+
+
+def profile(impl, data, out: Path, torch=None) -> None:
+    """PROFILE_STEPS steps under jax's or torch's profiler (after measure(): compiled, warm):
+    out/ gets the trace (jax: plugins/profile/<time>/perfetto_trace.json.gz; torch:
+    trace.json; both open in ui.perfetto.dev) and ops.txt, the time per op or kernel summed
+    over the steps."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = [impl.put(*b) for b in data]
+    if torch is None:
+        with jax.profiler.trace(str(out), create_perfetto_trace=True):
+            for i in range(PROFILE_STEPS):
+                loss = impl(*data[i % len(data)])
+            impl.sync(loss)
+        trace = max(out.glob("plugins/profile/*/perfetto_trace.json.gz"))  # the newest
+        (out / "ops.txt").write_text(_trace_summary(trace))
+        return
+    from torch.profiler import ProfilerActivity
+    gpu = torch.cuda.is_available() and jax.default_backend() == "gpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for i in range(PROFILE_STEPS):
+            loss = impl(*data[i % len(data)])
+        impl.sync(loss)
+    prof.export_chrome_trace(str(out / "trace.json"))
+    key = "self_device_time_total" if gpu else "self_cpu_time_total"
+    (out / "ops.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=60) + "\n")
+
+
+def _trace_summary(path: Path, top: int = 60) -> str:
+    """Time per event name, summed, for each device (the host's XLA ops on CPU), largest
+    first; the Python tracer's events ("$file:line") are left out."""
+    events = json.load(gzip.open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    process = {e["pid"]: e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    devices = {pid for pid, name in process.items() if name.startswith("/device:")}
+    keep = devices or set(process)
+    total: dict = collections.defaultdict(float)
+    count: dict = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e["pid"] in keep and not e["name"].startswith("$"):
+            key = (process.get(e["pid"], "?"), e["name"])
+            total[key] += e.get("dur", 0.0)
+            count[key] += 1
+    lines = [f"{PROFILE_STEPS} steps; us summed per name ({'devices' if devices else 'host'})",
+             f"{'us':>12} {'calls':>6}  process  name"]
+    for (proc, name), us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{us:12.1f} {count[(proc, name)]:6d}  {proc}  {name}")
+    return "\n".join(lines) + "\n"
+
+
 def run_precision(precision, impls, directory, config, params, data, adamw, torch, settings,
-                  log):
+                  log, profile_dir=None):
     gpu = jax.default_backend() == "gpu"
     jax_device = jax.devices()[0]
     builders = {JaxFused.name: lambda: JaxFused(directory, params, jax_device),
@@ -323,6 +378,10 @@ def run_precision(precision, impls, directory, config, params, data, adamw, torc
                 r = measure(impl, data, **settings, torch=torch if is_torch and gpu else None)
                 r["matmul_precision"] = (torch.get_float32_matmul_precision() if is_torch
                                          else jax.config.jax_default_matmul_precision)
+                if profile_dir is not None:
+                    where = profile_dir / f"{precision}-{name.replace(' ', '-')}"
+                    profile(impl, data, where, torch if is_torch else None)
+                    r["profile"] = str(where)
             log(f"  {name:13s} step {r['step_ms']:9.3f} ms  synced {r['synced_ms']:9.3f} ms  "
                 f"dispatch {r['dispatch_ms']:8.3f} ms"
                 + (f"  events {r['events_ms']:9.3f} ms" if "events_ms" in r else "")
@@ -412,8 +471,9 @@ def load_torch():
 
 
 def run(quick: bool, precisions: list[str], *, impls=tuple(IMPLS), directory: Path | None = None,
-        settings: dict | None = None, log=print) -> dict:
-    """The benchmark: a report dict (its "table" is the markdown). impls: keys of IMPLS."""
+        settings: dict | None = None, profile_dir: Path | None = None, log=print) -> dict:
+    """The benchmark: a report dict (its "table" is the markdown). impls: keys of IMPLS;
+    profile_dir: also profile each implementation (profile()) into a folder of it."""
     from bench import harness
     if onnx is None:
         raise SystemExit(f"bench.train_step needs the onnx extra: {_MISSING}")
@@ -443,7 +503,7 @@ def run(quick: bool, precisions: list[str], *, impls=tuple(IMPLS), directory: Pa
     for precision in precisions:
         log(f"precision {precision}:")
         timings = run_precision(precision, impls, directory, config, params, data, adamw,
-                                torch, settings, log)
+                                torch, settings, log, profile_dir)
         report["results"][precision] = {"timings": timings,
                                         "agreement": agreement(timings, precision)}
     report["table"] = table(report)
@@ -469,6 +529,9 @@ def main(argv=None):
                    help="matmul precision of both sides (default: both on a GPU, f32 on CPU)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help=f"comma list of {', '.join(IMPLS)} (default: all)")
+    p.add_argument("--profile", type=Path, metavar="DIR", help="also profile "
+                   f"{PROFILE_STEPS} steps of each implementation: DIR/<precision>-<impl>/"
+                   "{trace, ops.txt}")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/train_step-<time>"
                    ".json); the table also goes next to it as .md")
     args = p.parse_args(argv)
@@ -484,7 +547,7 @@ def main(argv=None):
     unknown = set(impls) - set(IMPLS)
     if unknown:
         p.error(f"--impls: unknown {sorted(unknown)} (choose from {', '.join(IMPLS)})")
-    report = run(args.quick, precisions, impls=impls)
+    report = run(args.quick, precisions, impls=impls, profile_dir=args.profile)
     out = args.out
     if out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

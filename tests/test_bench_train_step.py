@@ -5,6 +5,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -58,7 +59,8 @@ def test_torch_steps_match_the_ort_graphs(tmp_path):
     losses = {name: r["first_losses"] for name, r in timings.items()}
     assert len(losses["torch eager"]) == train_step.CHECK_STEPS >= 3
     assert len(set(np.round(losses["torch eager"], 4))) == 3  # the steps change the loss
-    np.testing.assert_allclose(losses["jaxops fused"], losses["torch eager"], rtol=2e-6)
+    # 8e-8 apart on CPU; epsilon's placement alone (the real graph) puts them 4e-5 apart
+    np.testing.assert_allclose(losses["jaxops fused"], losses["torch eager"], rtol=1e-5)
     del torch
 
 
@@ -75,6 +77,24 @@ def test_a_failing_implementation_is_reported_not_fatal(monkeypatch):
     assert np.isfinite(block["timings"]["jaxops fused"]["step_ms"])
     assert block["agreement"]["jaxops API"]["ok"] is False
     assert "| jaxops API | ERROR: RuntimeError: kernel failed |" in report["table"]
+
+
+def test_profile_writes_traces_and_op_tables(tmp_path):
+    """--profile: a trace and a per-op table for each implementation (on CPU jax's holds the
+    step's XLA ops and jaxops' FFI calls; on a GPU, kernels), torch's its aten ops."""
+    report = train_step.run(True, ["f32"], impls=["fused", "torch"], settings=TINY,
+                            profile_dir=tmp_path, log=lambda *a: None)
+    jax_dir = tmp_path / "f32-jaxops-fused"
+    assert report["results"]["f32"]["timings"]["jaxops fused"]["profile"] == str(jax_dir)
+    assert list(jax_dir.glob("plugins/profile/*/perfetto_trace.json.gz"))
+    table = (jax_dir / "ops.txt").read_text().splitlines()
+    assert len(table) > 10 and float(table[2].split()[0]) > 0
+    if jax.default_backend() == "cpu":
+        assert any("jaxops_adamw_optimizer" in row for row in table)
+    if _torch():
+        torch_dir = tmp_path / "f32-torch-eager"
+        assert (torch_dir / "trace.json").stat().st_size > 0
+        assert "aten::" in (torch_dir / "ops.txt").read_text()
 
 
 def _torch():

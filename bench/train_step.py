@@ -170,23 +170,25 @@ class JaxFused:
                 gradients=grads, first_order_moments=[m[0] for m in moments],
                 second_order_moments=[m[1] for m in moments])
             new_params = dict(zip(names, new["params"]))
-            return loss, new_params, list(zip(new["first_order_moments"],
-                                               new["second_order_moments"]))
+            new_moments = list(zip(new["first_order_moments"], new["second_order_moments"]))
+            return loss, new_params, new_moments, count + 1
 
         self._step = jax.jit(step, donate_argnums=(0, 1))
         self.params = jax.device_put({n: params[n] for n in names}, device)
-        self.moments = jax.device_put([(np.zeros_like(params[n]),) * 2 for n in names], device)
+        zeros = lambda n: np.zeros_like(params[n])
+        self.moments = jax.device_put([(zeros(n), zeros(n)) for n in names], device)
         self.lr = jax.device_put(np.asarray([LR], np.float32), device)
-        self.count = 0
+        # ORT's AdamW takes the 1-based step it is on; kept on the device, so a step's inputs
+        # are all there
+        self.count = jax.device_put(np.asarray([1], np.int32), device)
         self.device = device
 
     def put(self, ids, labels):
         return jax.device_put((ids.astype(np.int32), labels.astype(np.int32)), self.device)
 
     def __call__(self, ids, labels):
-        self.count += 1  # ORT's AdamW takes the 1-based step it is on
-        loss, self.params, self.moments = self._step(
-            self.params, self.moments, self.lr, np.asarray([self.count], np.int64), ids, labels)
+        loss, self.params, self.moments, self.count = self._step(
+            self.params, self.moments, self.lr, self.count, ids, labels)
         return loss
 
     def sync(self, loss):

@@ -18,8 +18,9 @@ TINY = dict(warmup=1, steps=2, burst=2, trials=1)
 
 def test_quick_command_trains_and_reports(tmp_path):
     """`python -m bench.train_step --quick`: finite losses and times for every implementation,
-    the same first losses (jaxops' two ways of running the graphs: bit-for-bit the same
-    program; torch: the first step's forward to f32 rounding), a JSON and a table."""
+    the same first losses (jaxops' two ways of running the graphs: the same computation, in
+    one XLA program or two, which may round differently on a GPU; torch: the first step's
+    forward to f32 rounding), a JSON and a table."""
     out = tmp_path / "r.json"
     assert train_step.main(["--quick", "--precision", "f32", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -29,8 +30,8 @@ def test_quick_command_trains_and_reports(tmp_path):
     for name, r in timings.items():
         assert np.all(np.isfinite(r["first_losses"] + [r["last_loss"]])), name
         assert r["step_ms"] > 0 and r["synced_ms"] > 0 and r["dispatch_ms"] > 0, name
-    np.testing.assert_array_equal(timings["jaxops API"]["first_losses"],
-                                  timings["jaxops fused"]["first_losses"])
+    np.testing.assert_allclose(timings["jaxops API"]["first_losses"],
+                               timings["jaxops fused"]["first_losses"], rtol=1e-6)
     if _torch():
         np.testing.assert_allclose(timings["jaxops fused"]["first_losses"][0],
                                    timings["torch eager"]["first_losses"][0], rtol=1e-5)
@@ -43,7 +44,8 @@ def test_torch_steps_match_the_ort_graphs(tmp_path):
     """With AdamW's epsilon negligible (1e-30) ORT's adam_mode 1 and torch's AdamW are the same
     update, so the first steps' losses agree to f32 rounding: the backward pass and the
     optimizer, not only the forward, are the same computation on both sides."""
-    torch = pytest.importorskip("torch")
+    if not _torch():
+        pytest.skip("no torch that runs beside jax here")
     src, _ = train_step.load_size(quick=True)
     for f in ("training_model.onnx", "config.json"):
         shutil.copy(src / f, tmp_path / f)
@@ -61,7 +63,6 @@ def test_torch_steps_match_the_ort_graphs(tmp_path):
     assert len(set(np.round(losses["torch eager"], 4))) == 3  # the steps change the loss
     # 8e-8 apart on CPU; epsilon's placement alone (the real graph) puts them 4e-5 apart
     np.testing.assert_allclose(losses["jaxops fused"], losses["torch eager"], rtol=1e-5)
-    del torch
 
 
 def test_a_failing_implementation_is_reported_not_fatal(monkeypatch):
@@ -98,8 +99,5 @@ def test_profile_writes_traces_and_op_tables(tmp_path):
 
 
 def _torch():
-    try:
-        import torch  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    """Whether the bench runs torch here (importable, and on CUDA when jax is on a GPU)."""
+    return train_step.load_torch()[0] is not None

@@ -14,10 +14,24 @@ steps in ORT on fixed data and records the losses and the final checkpoint:
 
     tests/data/<model>/{training,eval,optimizer}_model.onnx, checkpoint, data.npz,
     reference.json (ORT's losses, eval loss, lr, steps), checkpoint_after (ORT's state after)
+
+The transformer is bench/_transformer.py's, shared with the train-step benchmark. `--bench`
+writes that benchmark's graphs instead, the same transformer at two sizes (BENCH below):
+
+    /tmp/artifacts/bin/python tools/make_artifacts.py --bench  # writes bench/data/<size>/
+
+    bench/data/<size>/{training,optimizer}_model.onnx, config.json (the architecture)
+
+Only the graphs are kept: parameters are graph inputs, so the graphs are small files (150 kB
+for the 46M-parameter model), and the benchmark starts from fresh parameters (the seeded
+default init of the same torch model); the checkpoint (the weights) and the eval model are
+deleted. LayerNorm weights are randomised before the export: equal initializers would be
+merged into one parameter (as the fixture's LayerNorms are, all tied to layers.0.norm1).
 """
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +40,10 @@ import onnxruntime
 import torch
 from onnxruntime.training import api as ort_api
 from onnxruntime.training import artifacts
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench._transformer import Transformer  # noqa: E402  (needs ROOT on the path)
 
 STEPS = 20
 DATA_BATCHES = 64  # the first STEPS train in the reference run; the last one evaluates
@@ -66,47 +84,6 @@ class CNN(torch.nn.Module):
     def forward(self, x):
         h = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
         return self.fc(h.flatten(1))
-
-
-class EncoderLayer(torch.nn.Module):
-    """Pre-norm encoder layer, written out so the exported graph holds plain ops."""
-
-    def __init__(self, dim, heads, hidden):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = torch.nn.LayerNorm(dim)
-        self.qkv = torch.nn.Linear(dim, 3 * dim)
-        self.proj = torch.nn.Linear(dim, dim)
-        self.norm2 = torch.nn.LayerNorm(dim)
-        self.fc1 = torch.nn.Linear(dim, hidden)
-        self.fc2 = torch.nn.Linear(hidden, dim)
-        self.drop = torch.nn.Dropout(0.0)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
-        split = lambda z: z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
-        q, k, v = split(q), split(k), split(v)
-        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
-        h = (self.drop(att) @ v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.drop(self.proj(h))
-        return x + self.drop(self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x)))))
-
-
-class Transformer(torch.nn.Module):
-    def __init__(self, vocab=64, dim=16, heads=2, hidden=32, layers=2, classes=5, seq=8):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, dim)
-        self.pos = torch.nn.Parameter(0.02 * torch.randn(seq, dim))
-        self.layers = torch.nn.ModuleList(EncoderLayer(dim, heads, hidden) for _ in range(layers))
-        self.norm = torch.nn.LayerNorm(dim)
-        self.head = torch.nn.Linear(dim, classes)
-
-    def forward(self, ids):
-        x = self.embed(ids) + self.pos
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x).mean(dim=1))
 
 
 def batches(name, rng, count, batch=8):
@@ -171,19 +148,70 @@ def make(name, model, opset, out):
 
 MODELS = {"mlp": (MLP, 14), "cnn": (CNN, 14), "transformer": (Transformer, 17)}
 
+# The train-step benchmark's transformers (bench/train_step.py): the issue's size and a
+# quick one for CPU runs and tests. The batch is part of the graph (its shapes are static).
+BENCH = {
+    "transformer_l6_d768_s512_b16": dict(vocab=4096, dim=768, heads=12, hidden=3072, layers=6,
+                                         classes=5, seq=512, batch=16),
+    "transformer_l2_d64_s32_b4": dict(vocab=256, dim=64, heads=4, hidden=256, layers=2,
+                                      classes=5, seq=32, batch=4),
+}
+
+
+def make_bench(name, config, out):
+    arch = {k: v for k, v in config.items() if k != "batch"}
+    torch.manual_seed(SEED)
+    model = Transformer(**arch)
+    with torch.no_grad():  # distinct values: the exporter merges equal initializers (it ties
+        for m in model.modules():  # every LayerNorm of the fixture into one parameter)
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    ids = np.zeros((config["batch"], config["seq"]), np.int64)
+    out.mkdir(parents=True, exist_ok=True)
+    fwd = out / "forward.onnx"
+    export(model, ids, fwd, 17)
+    forward = onnx.load(str(fwd))
+    for node in forward.graph.node:  # as in make(): opset-17 LayerNorm needs its extra outputs
+        if node.op_type == "LayerNormalization" and len(node.output) == 1:
+            node.output.extend([f"{node.output[0]}_mean", f"{node.output[0]}_inv_std"])
+    names = [n for n, _ in model.named_parameters()]
+    missing = set(names) - {t.name for t in forward.graph.initializer}
+    if missing:
+        raise RuntimeError(f"{name}: parameters {sorted(missing)} were not exported as such")
+    artifacts.generate_artifacts(forward, requires_grad=names, frozen_params=[],
+                                 loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(out))
+    for f in ("forward.onnx", "checkpoint", "eval_model.onnx"):
+        (out / f).unlink()
+    params = sum(p.numel() for p in model.parameters())
+    (out / "config.json").write_text(json.dumps({
+        **config, "params": params,
+        "made_by": f"tools/make_artifacts.py --bench (torch {torch.__version__}, onnx "
+                   f"{onnx.__version__}, onnxruntime {onnxruntime.__version__})",
+    }, indent=1) + "\n")
+    sizes = {f.name: f.stat().st_size for f in sorted(out.iterdir())}
+    print(f"{name}: {params / 1e6:.1f}M parameters, files {sizes}")
+
 
 def main():
     onnxruntime.set_default_logger_severity(3)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests" / "data")
-    p.add_argument("models", nargs="*", default=list(MODELS))
+    p.add_argument("--out", type=Path, help="default: tests/data, or bench/data with --bench")
+    p.add_argument("--bench", action="store_true", help="write the benchmark's graphs (BENCH)")
+    p.add_argument("models", nargs="*", help=f"default: all of {list(MODELS)} (or of BENCH)")
     args = p.parse_args()
-    for name in args.models:
-        cls, opset = MODELS[name]
-        torch.manual_seed(SEED)
-        target = args.out / name
+    table = BENCH if args.bench else MODELS
+    out = args.out or ROOT / ("bench" if args.bench else "tests") / "data"
+    for name in args.models or list(table):
+        target = out / name
         shutil.rmtree(target, ignore_errors=True)
-        make(name, cls(), opset, target)
+        if args.bench:
+            make_bench(name, table[name], target)
+        else:
+            cls, opset = table[name]
+            torch.manual_seed(SEED)
+            make(name, cls(), opset, target)
 
 
 if __name__ == "__main__":

@@ -74,13 +74,27 @@ def _u32(x):
     return jnp.asarray(x, _U32)
 
 
+_SIGNED = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
+_INF_BITS = {2: 0x7C00, 4: 0x7F800000, 8: 0x7FF0000000000000}
+
+
+def _positive(X):
+    """X > 0 from X's bits: exact for denormals, which XLA's CPU (and a GPU with FTZ) treats as
+    zero in float comparisons; ORT's kernels compare without flushing. Bools pass through."""
+    if X.dtype == jnp.bool_:
+        return X
+    size = X.dtype.itemsize
+    bits = jax.lax.bitcast_convert_type(X, _SIGNED[size])
+    return (bits > 0) & (bits <= _INF_BITS[size])  # sign clear, not zero, not NaN
+
+
 # ---------------------------------------------------------------------------- binarize
 
 
 def gist_binarize_encoder(X):
     """ORT GistBinarizeEncoder: Y = X > 0 (bool, X's shape). X float16, float32 or float64."""
     X = _input("gist_binarize_encoder", X, "X", (jnp.float16, jnp.float32, jnp.float64))
-    return X > 0
+    return _positive(X)
 
 
 def gist_binarize_decoder(X, *, to):
@@ -100,7 +114,7 @@ def gist_pack1_encoder(X):
     uint8 array of ceil(X.size / 8) bytes; a trailing partial byte is padded with 0 bits.
     X bool or float32."""
     X = _input("gist_pack1_encoder", X, "X", (jnp.bool_, jnp.float32))
-    bits = (X > 0).reshape(-1)
+    bits = _positive(X).reshape(-1)
     pad = -bits.size % 8
     if pad:
         bits = jnp.pad(bits, (0, pad))
@@ -146,7 +160,7 @@ def gist_pack8_encoder(X):
     pack_m = jnp.where(carry, 0, jnp.where(up, pack_m + 1, pack_m))
     pack_e = jnp.where(pack_e >= 31, 0, pack_e)
     byte = ((s << 7) | (pack_e << 2) | pack_m).astype(jnp.uint8)  # keeps the low 8 bits, as ORT
-    return jnp.where(X == 0, jnp.uint8(0), byte)
+    return jnp.where((i & 0x7FFFFFFF) == 0, jnp.uint8(0), byte)  # +-0 by its bits: see _positive
 
 
 def gist_pack8_decoder(X, *, to):

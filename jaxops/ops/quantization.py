@@ -49,10 +49,13 @@ def fake_quant(input_tensor, scale, zero_point, *, quant_min=0, quant_max=255):
         quantization_mask = quant_min <= q <= quant_max.
     scale and zero_point hold one element each (shape [] or [1]). Computed in the input's
     float type as ORT's CUDA kernel does (ORT registers float32; float16/bfloat16 compute in
-    float32, float64 in float64). NaN gives quant_min's value with mask False; +-inf clamp to
-    the nearer bound with mask False (ORT's CPU kernel casts q to int64 first: it truncates a
-    fractional zero_point and maps +inf to quant_min; its CUDA kernel computes as here). A zero
-    scale is not checked (ORT's CPU kernel raises): it gives inf/NaN.
+    float32, float64 in float64). NaN gives quant_min's value with mask False, +-inf the nearer
+    bound's with mask False. This is ORT's CUDA kernel; ORT 1.19.2's CPU kernel (the oracle)
+    agrees for finite inputs and an integral zero_point, but truncates a fractional zero_point
+    to an integer and maps +-inf (any |q| >= 2^63) to quant_min. A zero scale is not checked
+    (ORT's CPU kernel raises; its CUDA kernel does not): it gives inf/NaN. XLA:CPU divides
+    through a reciprocal, which may be an ulp off the correctly rounded x / scale, so a value
+    within an ulp of a rounding tie may round the other way than ORT's kernels round it.
 
     Differentiable through the straight-through estimator, as ORT's gradient: d input_tensor =
     FakeQuantGrad(d fake_quantized, quantization_mask); scale and zero_point get zero gradients

@@ -106,7 +106,14 @@ def gist_binarize_decoder(X, *, to):
 
 # ---------------------------------------------------------------------------- pack1
 
-_BIT_SHIFTS = np.arange(7, -1, -1, dtype=np.uint8)  # element k of a byte -> bit 0x80 >> k
+def _lane(shape, dtype):
+    """The index along the last axis (an iota, which XLA folds into the fused loop; a constant
+    array operand would be read per element and blocks vectorisation on CPU)."""
+    return jax.lax.broadcasted_iota(dtype, shape, len(shape) - 1)
+
+
+def _bit_shifts(shape):  # element k of a byte -> bit 0x80 >> k
+    return jnp.asarray(7, jnp.uint8) - _lane(shape, jnp.uint8)
 
 
 def gist_pack1_encoder(X):
@@ -118,7 +125,8 @@ def gist_pack1_encoder(X):
     pad = -bits.size % 8
     if pad:
         bits = jnp.pad(bits, (0, pad))
-    bytes_ = bits.reshape(-1, 8).astype(jnp.uint8) << _BIT_SHIFTS
+    bits = bits.reshape(-1, 8).astype(jnp.uint8)
+    bytes_ = bits << _bit_shifts(bits.shape)
     return jnp.bitwise_or.reduce(bytes_, axis=1)
 
 
@@ -128,7 +136,8 @@ def gist_pack1_decoder(X, *, to):
     op = "gist_pack1_decoder"
     X = _input(op, X, "X", (jnp.uint8,))
     dtype = _to(op, to, (jnp.bool_, jnp.float32))
-    bits = (X.reshape(-1, 1) >> _BIT_SHIFTS) & jnp.uint8(1)
+    wide = jnp.broadcast_to(X.reshape(-1, 1), (X.size, 8))
+    bits = (wide & (jnp.uint8(0x80) >> _lane(wide.shape, jnp.uint8))) != 0
     return bits.reshape(-1).astype(dtype)
 
 
@@ -200,8 +209,7 @@ def gist_pack16_decoder(X, *, to):
 
 # ---------------------------------------------------------------------------- msfp15
 
-_TILE = 8
-_LANES = np.arange(_TILE, dtype=np.uint32)  # element i of a tile carries bit i of Es
+_TILE = 8  # element i of a tile carries bit i of the shared exponent
 
 
 def _tiles(op, X):
@@ -225,7 +233,7 @@ def gist_pack_msfp15_encoder(X):
     mant = jnp.where(mant == 127, mant, mant + 1) >> 1
     sign = (i >> 25) & 0x40
     value = jnp.where(exp == 0, 0, sign | mant)  # denormals flush to +0
-    byte = (((shared >> _LANES) & 1) << 7) | value
+    byte = (((shared >> _lane(i.shape, _U32)) & 1) << 7) | value
     byte = jnp.where(shared == 0xFF, 0, byte)  # inf or NaN in the tile: all zeros
     return byte.astype(jnp.uint8).reshape(X.shape)
 
@@ -237,7 +245,7 @@ def gist_pack_msfp15_decoder(X, *, to):
     X = _input(op, X, "X", (jnp.uint8,))
     dtype = _to(op, to, (jnp.float32,))
     b = _tiles(op, X).astype(_U32)
-    shared = jnp.sum((b >> 7) << _LANES, axis=-1, keepdims=True, dtype=_U32)
+    shared = jnp.sum((b >> 7) << _lane(b.shape, _U32), axis=-1, keepdims=True, dtype=_U32)
     m = b & 0x3F
     lead = 31 - jax.lax.clz(jnp.maximum(m, 1))  # position of the leading 1 of m
     diff = 5 - lead

@@ -2,6 +2,8 @@
 layouts (gist_layout.py); round trips (hypothesis) with NaN, inf, denormals and zeros; jit,
 vmap, sharding, bad input. ORT 1.19.2 has no usable CPU kernel for these ops (Binarize's crash,
 the others are CUDA-only), so there is no ORT comparison."""
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,10 +14,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import gist_layout as model
 from jaxops import ops
+from jaxops.ops import gist as gist_module
 from helpers import on_cpu_devices
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 FLOAT, BOOL, HALF, DOUBLE = 1, 9, 10, 11  # ONNX element types for `to`
+
+# the ops jitted: one compilation per shape (eager dispatch compiles every primitive); the
+# eager path is checked against these in test_jit_matches_eager
+jops = SimpleNamespace(**{name: jax.jit(getattr(ops, name), static_argnames=(
+    ("to",) if name.endswith("decoder") else ())) for name in gist_module.__all__})
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-42, 1.0, -1.0, 3.0, 0.75, 65504.0,
            65520.0, 7e4, 6e-8, 2.0**-24, 1.5, 1.75, 1.875, 1 - 2.0**-24, 2.0**-126, 3e38]
@@ -48,10 +56,10 @@ def _same_floats(got, want):
 @pytest.mark.parametrize("to,out", [(HALF, F16), (FLOAT, F32), (DOUBLE, F64)], ids=str)
 def test_binarize(rng, dtype, to, out):
     x = _floats(rng, (3, 5, 7), dtype)
-    bits = ops.gist_binarize_encoder(x)
+    bits = jops.gist_binarize_encoder(x)
     assert bits.dtype == jnp.bool_ and bits.shape == x.shape
     np.testing.assert_array_equal(bits, model.binarize_encode(x))
-    y = ops.gist_binarize_decoder(bits, to=to)
+    y = jops.gist_binarize_decoder(bits, to=to)
     assert y.dtype == out and y.shape == x.shape
     np.testing.assert_array_equal(y, np.where(x > 0, 1, 0).astype(out))
 
@@ -60,7 +68,7 @@ def test_binarize(rng, dtype, to, out):
 @pytest.mark.parametrize("shape", [(16,), (3, 8), (2, 3, 5), (1,), (0,), (9,)], ids=str)
 def test_pack1_encoder(rng, dtype, shape):
     x = _floats(rng, shape, F32) if dtype == F32 else rng.random(shape) > 0.5
-    packed = ops.gist_pack1_encoder(x)
+    packed = jops.gist_pack1_encoder(x)
     n = (int(np.prod(shape)) + 7) // 8
     assert packed.dtype == jnp.uint8 and packed.shape == (n,)
     np.testing.assert_array_equal(packed, model.pack1_encode(x))
@@ -68,14 +76,14 @@ def test_pack1_encoder(rng, dtype, shape):
 
 def test_pack1_bit_order():
     x = np.array([1, 0, 0, 0, 0, 0, 0, 1, 0, 1], np.float32)  # a partial second byte
-    np.testing.assert_array_equal(ops.gist_pack1_encoder(x), [0x81, 0x40])
+    np.testing.assert_array_equal(jops.gist_pack1_encoder(x), [0x81, 0x40])
 
 
 @pytest.mark.parametrize("to,out", [(BOOL, np.bool_), (FLOAT, F32)], ids=["bool", "f32"])
 @pytest.mark.parametrize("shape", [(5,), (2, 3), (0,)], ids=str)
 def test_pack1_decoder(rng, to, out, shape):
     b = rng.integers(0, 256, shape, dtype=np.uint8)
-    y = ops.gist_pack1_decoder(b, to=to)
+    y = jops.gist_pack1_decoder(b, to=to)
     assert y.dtype == out and y.shape == (8 * b.size,)
     np.testing.assert_array_equal(y, model.pack1_decode(b).astype(out))
 
@@ -84,7 +92,7 @@ def test_pack1_decoder(rng, to, out, shape):
 def test_pack8_encoder(rng, dtype):
     x = _floats(rng, (6, 40), dtype)
     x.flat[:4] = [0.0, -0.0, 1.0, 3.0]
-    packed = ops.gist_pack8_encoder(x)
+    packed = jops.gist_pack8_encoder(x)
     assert packed.dtype == jnp.uint8 and packed.shape == x.shape
     np.testing.assert_array_equal(packed, model.pack8_encode(x))
     assert not packed.reshape(-1)[:2].any()  # zeros written (ORT leaves them unwritten)
@@ -93,7 +101,7 @@ def test_pack8_encoder(rng, dtype):
 @pytest.mark.parametrize("to,out", [(FLOAT, F32), (HALF, F16)], ids=["f32", "f16"])
 def test_pack8_decoder_every_byte(to, out):
     b = np.arange(256, dtype=np.uint8).reshape(16, 16)
-    y = ops.gist_pack8_decoder(b, to=to)
+    y = jops.gist_pack8_decoder(b, to=to)
     assert y.dtype == out and y.shape == b.shape
     _same_floats(y, model.pack8_decode(b, out))
 
@@ -101,21 +109,21 @@ def test_pack8_decoder_every_byte(to, out):
 def test_pack8_is_orts_non_invertible_layout():
     """The documented facts of ORT's layout, kept as ORT computes them."""
     x = np.array([1.0, 3.0, -2.5], np.float32)
-    np.testing.assert_array_equal(ops.gist_pack8_encoder(x), [0, 2, 129])
-    y = np.asarray(ops.gist_pack8_decoder(ops.gist_pack8_encoder(x), to=FLOAT))
+    np.testing.assert_array_equal(jops.gist_pack8_encoder(x), [0, 2, 129])
+    y = np.asarray(jops.gist_pack8_decoder(jops.gist_pack8_encoder(x), to=FLOAT))
     assert y[0] == 0 and 0 < y[1] < 1e-38  # 3.0 comes back as a float32 denormal
-    h = ops.gist_pack8_encoder(_floats(np.random.default_rng(0), (64,), F16))
+    h = jops.gist_pack8_encoder(_floats(np.random.default_rng(0), (64,), F16))
     assert set(np.unique(h)) <= {0, 0x80}
-    assert not np.asarray(ops.gist_pack8_decoder(np.arange(256, dtype=np.uint8), to=HALF)).any()
+    assert not np.asarray(jops.gist_pack8_decoder(np.arange(256, dtype=np.uint8), to=HALF)).any()
 
 
 def test_pack16(rng):
     x = _floats(rng, (4, 33), F32)
-    h = ops.gist_pack16_encoder(x)
+    h = jops.gist_pack16_encoder(x)
     assert h.dtype == jnp.float16 and h.shape == x.shape
     with np.errstate(over="ignore"):
         _same_floats(h, model.pack16_encode(x))
-    y = ops.gist_pack16_decoder(h, to=FLOAT)
+    y = jops.gist_pack16_decoder(h, to=FLOAT)
     assert y.dtype == jnp.float32
     _same_floats(y, np.asarray(h).astype(F32))
 
@@ -126,7 +134,7 @@ def test_msfp15_encoder(rng, shape):
     x.reshape(-1, 8)[0, :3] = [0.0, -0.0, 1e-40]  # zeros and a denormal in a normal tile
     if x.size >= 16:
         x.reshape(-1, 8)[1, 5] = np.nan  # a whole tile of zeros
-    packed = ops.gist_pack_msfp15_encoder(x)
+    packed = jops.gist_pack_msfp15_encoder(x)
     assert packed.dtype == jnp.uint8 and packed.shape == shape
     np.testing.assert_array_equal(packed, model.msfp15_encode(x))
 
@@ -134,14 +142,14 @@ def test_msfp15_encoder(rng, shape):
 @pytest.mark.parametrize("shape", [(8,), (4, 16)], ids=str)
 def test_msfp15_decoder(rng, shape):
     b = rng.integers(0, 256, shape, dtype=np.uint8)  # any bytes, tiny shared exponents included
-    y = ops.gist_pack_msfp15_decoder(b, to=FLOAT)
+    y = jops.gist_pack_msfp15_decoder(b, to=FLOAT)
     assert y.dtype == jnp.float32 and y.shape == shape
     _same_floats(y, model.msfp15_decode(b))
 
 
 def test_msfp15_known_tile():
     x = np.array([1.0, -0.5, 0.25, 3.0, 0.0, 1e-40, 2.0**-7, 1.96875 * 2], np.float32)
-    y = np.asarray(ops.gist_pack_msfp15_decoder(ops.gist_pack_msfp15_encoder(x), to=FLOAT))
+    y = np.asarray(jops.gist_pack_msfp15_decoder(jops.gist_pack_msfp15_encoder(x), to=FLOAT))
     # Es = exponent of 3.9375 (2^1): the grid is 2^(1-5) = 1/16; 3.9375 = 63/16 exactly
     np.testing.assert_array_equal(y, [1.0, -0.5, 0.25, 3.0, 0.0, 0.0, 0.0, 3.9375])
 

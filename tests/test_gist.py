@@ -359,3 +359,27 @@ def test_ort_ops_table():
         snake = "gist_" + {"PackMsfp15": "pack_msfp15"}.get(
             op_type[4:-7], op_type[4:-7].lower()) + "_" + op_type[-7:].lower()
         assert ops.ORT_OPS[("com.microsoft", op_type)] is getattr(ops, snake)
+
+
+def test_onnx_graph_runs_through_ort_ops():
+    """The importer maps com.microsoft GIST nodes (with ORT's `to`) through ORT_OPS."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from jaxops import onnx as jonnx
+    ms = "com.microsoft"
+    nodes = [helper.make_node("GistPack1Encoder", ["x"], ["p"], domain=ms),
+             helper.make_node("GistPack1Decoder", ["p"], ["y"], domain=ms, to=FLOAT),
+             helper.make_node("GistPackMsfp15Encoder", ["x"], ["q"], domain=ms),
+             helper.make_node("GistPackMsfp15Decoder", ["q"], ["z"], domain=ms, to=FLOAT)]
+    graph = helper.make_graph(
+        nodes, "gist", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 8])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ms, 1)])
+    program = jonnx.load(proto)
+    x = _floats(np.random.default_rng(0), (2, 8), F32, specials=False)
+    y, z = program(program.params, x=x)
+    np.testing.assert_array_equal(y, (x > 0).reshape(-1).astype(F32))
+    _same_floats(z, model.msfp15_decode(model.msfp15_encode(x)))

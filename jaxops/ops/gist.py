@@ -88,6 +88,12 @@ def _positive(X):
     return (bits > 0) & (bits <= _INF_BITS[size])  # sign clear, not zero, not NaN
 
 
+def _lane(shape, dtype):
+    """The index along the last axis (an iota, which XLA folds into the fused loop; a constant
+    array operand would be read per element and blocks vectorisation on CPU)."""
+    return jax.lax.broadcasted_iota(dtype, shape, len(shape) - 1)
+
+
 # ---------------------------------------------------------------------------- binarize
 
 
@@ -105,12 +111,6 @@ def gist_binarize_decoder(X, *, to):
 
 
 # ---------------------------------------------------------------------------- pack1
-
-def _lane(shape, dtype):
-    """The index along the last axis (an iota, which XLA folds into the fused loop; a constant
-    array operand would be read per element and blocks vectorisation on CPU)."""
-    return jax.lax.broadcasted_iota(dtype, shape, len(shape) - 1)
-
 
 def _bit_shifts(shape):  # element k of a byte -> bit 0x80 >> k
     return jnp.asarray(7, jnp.uint8) - _lane(shape, jnp.uint8)

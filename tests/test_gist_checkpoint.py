@@ -110,13 +110,20 @@ def test_argnums_and_pytrees():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, want)
 
 
-def test_vmap_and_jit(mlp):
+@pytest.mark.parametrize("fmt", ["msfp15", "pack1"])
+def test_vmap_and_jit(mlp, fmt):
     params, x = mlp
     w, b = params[0]
-    layer = nn.gist_checkpoint(_layer, "msfp15")
-    per_row = jax.vmap(jax.grad(lambda x: jnp.sum(layer(x, w, b) ** 2)))(x[:4])
-    whole = jax.jit(jax.grad(lambda x: jnp.sum(layer(x, w, b) ** 2)))(x[:4])
+    if fmt == "pack1":  # rows of 13: each example's bits end in a partial byte
+        layer, x = nn.gist_checkpoint(lambda x, w, b: jax.nn.relu(x), fmt), x[:4, :13]
+    else:
+        layer, x = nn.gist_checkpoint(_layer, fmt), x[:4]
+    loss = lambda x: jnp.sum(layer(x, w, b) ** 2)
+    per_row = jax.vmap(jax.grad(loss))(x)
+    whole = jax.jit(jax.grad(loss))(x)
     np.testing.assert_allclose(per_row, whole, rtol=1e-5, atol=1e-5)
+    if fmt == "pack1":
+        np.testing.assert_array_equal(whole, 2 * jax.nn.relu(x))
 
 
 def test_bad_arguments():

@@ -1,0 +1,276 @@
+"""GIST activation compression (com.microsoft): GistBinarize, GistPack1, GistPack8, GistPack16
+and GistPackMsfp15, each an Encoder/Decoder pair, bit for bit as ORT's CUDA kernels
+(orttraining/training_ops/cuda/gist/gist_impl.cu) compute them, except where this docstring
+says otherwise.
+
+These are plain XLA code, not FFI kernels: each is elementwise bit arithmetic (msfp15 adds a
+max over 8-element tiles) that XLA fuses with its producer or consumer, where a kernel would be
+a fusion barrier that must round-trip through memory (bench/gist.py measures them against copy
+bandwidth). Being jnp code they support jit, vmap, sharding and (where it means anything)
+autodiff with no extra rules; `JAXOPS_DISABLE` does not apply. tests/gist_layout.py is an
+independent per-element model of the bit layouts that the tests compare with.
+
+Decoders take ORT's required `to` attribute (an ONNX TensorProto element type: 1 float,
+9 bool, 10 float16, 11 double) and accept only the types ORT registers for them.
+
+Formats (N = X.size):
+- Binarize: Y = X > 0 (bool, X's shape); decoder: 1 where X else 0. NaN and -0 give False.
+- Pack1: 1 bit per element, 8 per byte, most significant bit first: byte j holds X.flat[8j+k] > 0
+  in bit 0x80 >> k. Encoder output is 1-D [ceil(N/8)]; the decoder returns 1-D [8 * X.size]
+  (ORT's shapes: the caller reshapes). A trailing partial byte is padded with 0 bits (ORT's
+  kernel reads past the end of X there).
+- Pack8: ORT's 8-bit layout, sign | 5 "exponent" bits | 2 mantissa bits, computed as ORT does:
+  with the input's float32 bits, e = biased exponent - bias (unsigned, so |X| < 1 wraps),
+  pack_e = e >> (e_size - 5), pack_m = the top 2 mantissa bits, plus 1 (carrying into pack_e
+  at 3) where ORT's rounding mask hits the mantissa (f32: bit 19 alone, not the bit below the
+  kept two), pack_e >= 31 -> 0, the sign on top; X == 0 -> 0. The decoder
+  builds sign | pack_e << (e_size - 5 + m_size) + bias | pack_m << (m_size - 2); byte 0 -> 0.
+  ORT's kernel leaves the output byte unwritten for X == 0 (it assigns the pointer); jaxops
+  writes 0. NOTE: ORT's pack8 is NOT a working codec and jaxops keeps its bits: the decoder does
+  not invert the encoder (f32: 1.0 encodes to 0 and decodes to 0.0; 3.0 decodes to 5.9e-39),
+  and for float16 (fields read from the float32 bits of the value with f16 masks) the encoder
+  yields 0x80 or 0 and the decoder yields +0.0 for every byte. Use pack16 or msfp15 to compress.
+- Pack16: Y = float16(X) rounded to nearest even (overflow to inf, NaN kept); decoder exact.
+- PackMsfp15: tiles of 8 consecutive elements along the last axis share the largest biased
+  exponent Es of the tile; each byte = bit i of Es (element i of the tile, bit 7) | sign (bit 6)
+  | 6-bit magnitude round-half-up(|X| / 2^(Es - 132)) (saturating at 63). Denormals encode as 0;
+  a tile holding inf or NaN encodes as all zeros. Decoding gives +-m * 2^(Es - 132) (m = 0 ->
+  +0.0), so a tile's error is at most 2^(Es - 132) <= max|X| / 32, for tiles with Es >= 6
+  (smaller ones decode to ORT's wrapped-exponent bits). The last dim must be a multiple of 8:
+  a partial tile cannot hold the 8 exponent bits (ORT's kernel then computes a wrong tile
+  stride and reads outside X), so jaxops raises ValueError.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops.ops import _validate as v
+
+# ONNX TensorProto element types the decoders' `to` may name
+_TO = {1: jnp.float32, 9: jnp.bool_, 10: jnp.float16, 11: jnp.float64}
+_NAMES = {jnp.float16: "float16", jnp.float32: "float32", jnp.float64: "float64",
+          jnp.bool_: "bool", jnp.uint8: "uint8"}
+_U32 = jnp.uint32
+
+
+def _input(op, X, label, dtypes):
+    X = jnp.asarray(X)
+    if X.dtype not in dtypes:
+        v.fail(op, TypeError, f"{label} must be {' or '.join(_NAMES[d] for d in dtypes)}, "
+                              f"got {X.dtype}")
+    return X
+
+
+def _to(op, to, dtypes):
+    """The decoder's output dtype from ORT's `to` (an ONNX element type)."""
+    to = v.integer(op, "to", to)
+    if _TO.get(to) not in dtypes:
+        codes = ", ".join(f"{c} ({_NAMES[d]})" for c, d in _TO.items() if d in dtypes)
+        v.fail(op, ValueError, f"to must be one of {codes}, got {to}")
+    return _TO[to]
+
+
+def _u32(x):
+    return jnp.asarray(x, _U32)
+
+
+_SIGNED = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
+_INF_BITS = {2: 0x7C00, 4: 0x7F800000, 8: 0x7FF0000000000000}
+
+
+def _positive(X):
+    """X > 0 from X's bits: exact for denormals, which XLA's CPU (and a GPU with FTZ) treats as
+    zero in float comparisons; ORT's kernels compare without flushing. Bools pass through."""
+    if X.dtype == jnp.bool_:
+        return X
+    size = X.dtype.itemsize
+    bits = jax.lax.bitcast_convert_type(X, _SIGNED[size])
+    return (bits > 0) & (bits <= _INF_BITS[size])  # sign clear, not zero, not NaN
+
+
+def _lane(shape, dtype):
+    """The index along the last axis (an iota, which XLA folds into the fused loop; a constant
+    array operand would be read per element and blocks vectorisation on CPU)."""
+    return jax.lax.broadcasted_iota(dtype, shape, len(shape) - 1)
+
+
+# ---------------------------------------------------------------------------- binarize
+
+
+def gist_binarize_encoder(X):
+    """ORT GistBinarizeEncoder: Y = X > 0 (bool, X's shape). X float16, float32 or float64."""
+    X = _input("gist_binarize_encoder", X, "X", (jnp.float16, jnp.float32, jnp.float64))
+    return _positive(X)
+
+
+def gist_binarize_decoder(X, *, to):
+    """ORT GistBinarizeDecoder: Y = 1 where X else 0, in `to` (10 float16, 1 float, 11 double)."""
+    op = "gist_binarize_decoder"
+    X = _input(op, X, "X", (jnp.bool_,))
+    return X.astype(_to(op, to, (jnp.float16, jnp.float32, jnp.float64)))
+
+
+# ---------------------------------------------------------------------------- pack1
+
+def _bit_shifts(shape):  # element k of a byte -> bit 0x80 >> k
+    return jnp.asarray(7, jnp.uint8) - _lane(shape, jnp.uint8)
+
+
+def gist_pack1_encoder(X):
+    """ORT GistPack1Encoder: X > 0 packed 8 per byte, most significant bit first, into a 1-D
+    uint8 array of ceil(X.size / 8) bytes; a trailing partial byte is padded with 0 bits.
+    X bool or float32."""
+    X = _input("gist_pack1_encoder", X, "X", (jnp.bool_, jnp.float32))
+    bits = _positive(X).reshape(-1)
+    pad = -bits.size % 8
+    if pad:
+        bits = jnp.pad(bits, (0, pad))
+    bits = bits.reshape(-1, 8).astype(jnp.uint8)
+    bytes_ = bits << _bit_shifts(bits.shape)
+    return jnp.bitwise_or.reduce(bytes_, axis=1)
+
+
+def gist_pack1_decoder(X, *, to):
+    """ORT GistPack1Decoder: Y[i] = bit (0x80 >> i % 8) of X.flat[i // 8], as `to` (9 bool or
+    1 float); 1-D with 8 * X.size elements. X uint8."""
+    op = "gist_pack1_decoder"
+    X = _input(op, X, "X", (jnp.uint8,))
+    dtype = _to(op, to, (jnp.bool_, jnp.float32))
+    wide = jnp.broadcast_to(X.reshape(-1, 1), (X.size, 8))
+    bits = (wide & (jnp.uint8(0x80) >> _lane(wide.shape, jnp.uint8))) != 0
+    return bits.reshape(-1).astype(dtype)
+
+
+# ---------------------------------------------------------------------------- pack8
+
+# ORT's field sizes per input width: (mantissa bits, exponent bits, exponent mask, mantissa
+# mask, rounding-bit mask, bias). For float16 ORT applies these to the value's FLOAT32 bits.
+_PACK8 = {
+    np.dtype(np.float32): (23, 8, 0x7F800000, 0x007FFFFF, 0x00080000, 127),
+    np.dtype(np.float16): (10, 5, 0x0F800000, 0x000003FF, 0x00000007, 15),
+}
+
+
+def gist_pack8_encoder(X):
+    """ORT GistPack8Encoder: ORT's sign | 5 | 2 bit byte of each element of X (float32 or
+    float16), X's shape; 0 for X == 0 (where ORT leaves the byte unwritten). Not invertible:
+    see the module docstring."""
+    X = _input("gist_pack8_encoder", X, "X", (jnp.float32, jnp.float16))
+    m_size, e_size, e_mask, m_mask, round_mask, bias = _PACK8[np.dtype(X.dtype)]
+    i = jax.lax.bitcast_convert_type(X.astype(jnp.float32), _U32)
+    s = i >> (m_size + e_size)
+    e = ((i & e_mask) >> m_size) - _u32(bias)  # wraps below the bias, as ORT's uint32 does
+    m = i & m_mask
+    pack_e = e >> (e_size - 5)
+    pack_m = m >> (m_size - 2)
+    up = (m & round_mask) > 0
+    carry = up & (pack_m == 3)
+    pack_e = jnp.where(carry, pack_e + 1, pack_e)
+    pack_m = jnp.where(carry, 0, jnp.where(up, pack_m + 1, pack_m))
+    pack_e = jnp.where(pack_e >= 31, 0, pack_e)
+    byte = ((s << 7) | (pack_e << 2) | pack_m).astype(jnp.uint8)  # keeps the low 8 bits, as ORT
+    return jnp.where((i & 0x7FFFFFFF) == 0, jnp.uint8(0), byte)  # +-0 by its bits: see _positive
+
+
+def gist_pack8_decoder(X, *, to):
+    """ORT GistPack8Decoder: ORT's decoding of GistPack8Encoder bytes into `to` (1 float or
+    10 float16); byte 0 -> 0. Not the encoder's inverse: see the module docstring."""
+    op = "gist_pack8_decoder"
+    X = _input(op, X, "X", (jnp.uint8,))
+    dtype = _to(op, to, (jnp.float32, jnp.float16))
+    m_size, e_size, _, _, _, bias = _PACK8[np.dtype(dtype)]
+    b = X.astype(_U32)
+    s = b >> 7
+    pack_e = (b & 0x7C) >> 2
+    pack_m = b & 0x3
+    bits = (s << (m_size + e_size)) | ((pack_e << (e_size - 5 + m_size)) + _u32(bias)) \
+        | (pack_m << (m_size - 2))
+    # ORT reinterprets these bits as a float32 (also for float16, whose bits are < 2^16: a
+    # float32 denormal that rounds to +0.0 in float16)
+    y = jax.lax.bitcast_convert_type(bits, jnp.float32).astype(dtype)
+    return jnp.where(X == 0, jnp.zeros((), dtype), y)
+
+
+# ---------------------------------------------------------------------------- pack16
+
+
+def gist_pack16_encoder(X):
+    """ORT GistPack16Encoder: float32 X to float16, round to nearest even."""
+    X = _input("gist_pack16_encoder", X, "X", (jnp.float32,))
+    return X.astype(jnp.float16)
+
+
+def gist_pack16_decoder(X, *, to):
+    """ORT GistPack16Decoder: float16 X to `to` (1 float), exactly."""
+    op = "gist_pack16_decoder"
+    X = _input(op, X, "X", (jnp.float16,))
+    return X.astype(_to(op, to, (jnp.float32,)))
+
+
+# ---------------------------------------------------------------------------- msfp15
+
+_TILE = 8  # element i of a tile carries bit i of the shared exponent
+
+
+def _tiles(op, X):
+    if X.ndim == 0 or X.shape[-1] % _TILE:
+        v.fail(op, ValueError, f"X's last dim must be a multiple of {_TILE} (one MSFP tile), "
+                               f"got shape {X.shape}")
+    return X.reshape(*X.shape[:-1], X.shape[-1] // _TILE, _TILE)
+
+
+def gist_pack_msfp15_encoder(X):
+    """ORT GistPackMsfp15Encoder: float32 X (last dim a multiple of 8) to one uint8 per element
+    in 8-element tiles along the last axis with a shared exponent; see the module docstring."""
+    op = "gist_pack_msfp15_encoder"
+    X = _input(op, X, "X", (jnp.float32,))
+    i = jax.lax.bitcast_convert_type(_tiles(op, X), _U32)
+    exp = (i >> 23) & 0xFF
+    shared = jnp.max(exp, axis=-1, keepdims=True)
+    diff = shared - exp
+    mant = ((i & 0x007FFFFF) | 0x00800000) >> jnp.minimum(diff, 31)
+    mant = jnp.where(diff > 31, 0, mant) >> 17  # 7 bits: 6 kept, 1 to round on
+    mant = jnp.where(mant == 127, mant, mant + 1) >> 1
+    sign = (i >> 25) & 0x40
+    value = jnp.where(exp == 0, 0, sign | mant)  # denormals flush to +0
+    byte = (((shared >> _lane(i.shape, _U32)) & 1) << 7) | value
+    byte = jnp.where(shared == 0xFF, 0, byte)  # inf or NaN in the tile: all zeros
+    return byte.astype(jnp.uint8).reshape(X.shape)
+
+
+def gist_pack_msfp15_decoder(X, *, to):
+    """ORT GistPackMsfp15Decoder: GistPackMsfp15Encoder's bytes (last dim a multiple of 8) back
+    to `to` (1 float): +-m * 2^(Es - 132), m the 6-bit magnitude, Es the tile's exponent."""
+    op = "gist_pack_msfp15_decoder"
+    X = _input(op, X, "X", (jnp.uint8,))
+    dtype = _to(op, to, (jnp.float32,))
+    b = _tiles(op, X).astype(_U32)
+    shared = jnp.sum((b >> 7) << _lane(b.shape, _U32), axis=-1, keepdims=True, dtype=_U32)
+    m = b & 0x3F
+    lead = 31 - jax.lax.clz(jnp.maximum(m, 1))  # position of the leading 1 of m
+    diff = 5 - lead
+    exp = shared - diff  # wraps for tiny tiles, as ORT's uint32 does
+    mant = (m << (18 + diff)) & 0x007FFFFF
+    bits = ((b & 0x40) << 25) | (exp << 23) | mant
+    y = jnp.where(m == 0, 0.0, jax.lax.bitcast_convert_type(bits, jnp.float32))
+    return y.astype(dtype).reshape(X.shape)
+
+
+__all__ = ["gist_binarize_decoder", "gist_binarize_encoder", "gist_pack16_decoder",
+           "gist_pack16_encoder", "gist_pack1_decoder", "gist_pack1_encoder",
+           "gist_pack8_decoder", "gist_pack8_encoder", "gist_pack_msfp15_decoder",
+           "gist_pack_msfp15_encoder"]
+
+_MS = "com.microsoft"
+ORT_OPS = {
+    (_MS, "GistBinarizeEncoder"): gist_binarize_encoder,
+    (_MS, "GistBinarizeDecoder"): gist_binarize_decoder,
+    (_MS, "GistPack1Encoder"): gist_pack1_encoder,
+    (_MS, "GistPack1Decoder"): gist_pack1_decoder,
+    (_MS, "GistPack8Encoder"): gist_pack8_encoder,
+    (_MS, "GistPack8Decoder"): gist_pack8_decoder,
+    (_MS, "GistPack16Encoder"): gist_pack16_encoder,
+    (_MS, "GistPack16Decoder"): gist_pack16_decoder,
+    (_MS, "GistPackMsfp15Encoder"): gist_pack_msfp15_encoder,
+    (_MS, "GistPackMsfp15Decoder"): gist_pack_msfp15_decoder,
+}

@@ -16,6 +16,7 @@ LeakyReluGrad take the forward OUTPUT Y. f16/bf16 are computed in f32 and rounde
 """
 import math
 
+import jax
 import jax.numpy as jnp
 from jax.scipy.special import erf
 
@@ -41,11 +42,13 @@ def _gelu_slope(x):
 
 
 def _fast_gelu_slope(x):
-    # tanh form: t = tanh(a (x + g x^3)); slope = 0.5 (1 + t) + 0.5 x (1 - t^2) a (1 + 3 g x^2)
+    # t = tanh(u), u = a (x + g x^3); slope = 0.5 (1 + t) + 0.5 (1 - t^2) a x (1 + 3 g x^2).
+    # Written with s = 0.5 (1 + t) = sigmoid(2u) and 0.5 (1 - t) = sigmoid(-2u), so that
+    # neither 1 + t nor 1 - t^2 cancels: ~1 ulp of the result where the tanh form lost ~30.
     x2 = x * x
-    t = jnp.tanh(_SQRT_2_OVER_PI * x * (1.0 + _FAST_GELU_GAMMA * x2))
-    return 0.5 * (1.0 + t + (1.0 - t * t) * (_SQRT_2_OVER_PI * x
-                                             * (1.0 + 3.0 * _FAST_GELU_GAMMA * x2)))
+    u2 = 2.0 * _SQRT_2_OVER_PI * x * (1.0 + _FAST_GELU_GAMMA * x2)
+    s, s_neg = jax.nn.sigmoid(u2), jax.nn.sigmoid(-u2)
+    return s + 2.0 * s * s_neg * (_SQRT_2_OVER_PI * x * (1.0 + 3.0 * _FAST_GELU_GAMMA * x2))
 
 
 def relu_grad(dY, X):

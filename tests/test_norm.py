@@ -345,7 +345,9 @@ def _plain_rms_norm(x, s, axis, eps=1e-5):
 
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_nn_layer_norm_and_rms_norm(rng, axis):  # axis 1: every dim from 1 on is normalised
-    x = jnp.asarray(rng.standard_normal((2, 3, 4)))
+    # 8 features: a row of 4 can have a variance near 0, where check_grads' finite differences
+    # of the curvature fail (1 seed in 200; the autodiff itself matched to 4e-15)
+    x = jnp.asarray(rng.standard_normal((2, 3, 8)))
     feat = x.shape[axis:]
     s, b = jnp.asarray(rng.standard_normal(feat)), jnp.asarray(rng.standard_normal(feat))
     w = jnp.asarray(rng.standard_normal(x.shape))

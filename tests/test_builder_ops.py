@@ -108,7 +108,8 @@ def test_average_pool_grad_bad_input():
             (dict(strides=[0, 2]), ValueError, "positive"),
             (dict(pads=[1, 1]), ValueError, "pads must hold"),
             (dict(auto_pad="SAME"), ValueError, "unknown auto_pad"),
-            (dict(dilations=[2, 2]), ValueError, "dilations")]:
+            (dict(dilations=[2, 2]), ValueError, "dilations"),
+            (dict(x_shape=(1, 2, 6, 6)), ValueError, "channels")]:
         with pytest.raises(error, match=f"jaxops.ops.average_pool_grad: .*{text}"):
             ops.average_pool_grad(dy, **{**kw, **bad})
     with pytest.raises(TypeError, match="must be float16"):

@@ -103,7 +103,9 @@ def average_pool_grad(dY, *, x_shape, kernel_shape, strides=None, pads=None, aut
     if len(strides) != n or min(kernel + strides) < 1:
         v.fail(op, ValueError, f"kernel_shape {kernel} and strides {strides} must be {n} "
                                "positive values")
-    shape = (dY.shape[0], dY.shape[1]) + shape[2:]
+    if shape[1] != dY.shape[1]:
+        v.fail(op, ValueError, f"x_shape {shape} and dY {dY.shape} differ in channels")
+    shape = (dY.shape[0],) + shape[1:]
     pads3 = _pool_pads(op, shape, dY.shape, kernel, strides, pads, auto_pad, ceil_mode)
     acc = v.compute_dtype(dtype)
     window, step = (1, 1) + kernel, (1, 1) + strides

@@ -29,8 +29,9 @@ Compression pays when the saved inputs dominate a step's memory; a layer pays fo
 extra encode and decode pass and the recomputation of f in the backward. Two
 `lax.optimization_barrier`s make XLA keep the packed bytes: without them it fuses encode+decode
 into the backward (reading, so keeping, the float32 input) and hoists the decode out of order.
-Measured on CPU (tests/test_gist_checkpoint.py), temp memory of the gradient of 4 gelu layers
-in float32 activations [512, 128]: plain autodiff 10, jax.checkpoint 4, pack16 3.5, msfp15 2.
+Measured on CPU with jax 0.12 (tests/test_gist_checkpoint.py), temp memory of the gradient of
+4 gelu layers in float32 activations [512, 128]: plain autodiff 10, jax.checkpoint 4, pack16 3.5,
+msfp15 2; jax 0.8's XLA keeps more buffers (docs/gist.md).
 """
 import functools
 

@@ -1,6 +1,6 @@
 """Elementwise activation gradients (com.microsoft): ReluGrad, SigmoidGrad, TanhGrad,
 GeluGrad, FastGeluGrad, QuickGeluGrad, LeakyReluGrad, BiasGeluGrad_dX, BiasFastGeluGrad_dX,
-FakeQuantGrad, DivGrad.
+FakeQuantGrad, DivGrad; and SinGrad (ONNX domain, ORT-private) with its cosine counterpart.
 
 These are plain XLA code, not FFI kernels: XLA fuses an elementwise gradient into the
 surrounding backward pass, and a kernel would be a fusion barrier (bench/activation.py times
@@ -11,7 +11,7 @@ independent definitions in `jaxops.reference.activation` (autodiff of the forwar
 the test oracle.
 
 Which input is which follows ORT's gradient builders: ReluGrad, GeluGrad, FastGeluGrad,
-QuickGeluGrad and the Bias* ops take the forward INPUT X; SigmoidGrad, TanhGrad and
+QuickGeluGrad, SinGrad and the Bias* ops take the forward INPUT X; SigmoidGrad, TanhGrad and
 LeakyReluGrad take the forward OUTPUT Y. f16/bf16 are computed in f32 and rounded once.
 """
 import math
@@ -104,6 +104,19 @@ def leaky_relu_grad(dY, Y, alpha=0.01):
     return jnp.where(y > 0, dy, dy * jnp.asarray(alpha, dy.dtype)).astype(dtype)
 
 
+def sin_grad(dY, X):
+    """ORT SinGrad (ONNX domain, since 9): dX = dY * cos(X), X the Sin INPUT."""
+    dy, x, dtype = _unary("sin_grad", dY, X, "X")
+    return (dy * jnp.cos(x)).astype(dtype)
+
+
+def cos_grad(dY, X):
+    """dX = -dY * sin(X), X the Cos INPUT. ORT has no CosGrad node (its gradient builder
+    writes Sin, Mul and Neg), so this is not in ORT_OPS."""
+    dy, x, dtype = _unary("cos_grad", dY, X, "X")
+    return (-dy * jnp.sin(x)).astype(dtype)
+
+
 def _biased(op, dY, X, B):
     dY, X, B = jnp.asarray(dY), jnp.asarray(X), jnp.asarray(B)
     dtype = v.floats(op, dY=dY, X=X, B=B)
@@ -174,9 +187,9 @@ def div_grad(dY, A, B, *, outputs=(True, True)):
     return dA, dB
 
 
-__all__ = ["bias_fast_gelu_grad_dx", "bias_gelu_grad_dx", "div_grad", "fake_quant_grad",
-           "fast_gelu_grad", "gelu_grad", "leaky_relu_grad", "quick_gelu_grad", "relu_grad",
-           "sigmoid_grad", "tanh_grad"]
+__all__ = ["bias_fast_gelu_grad_dx", "bias_gelu_grad_dx", "cos_grad", "div_grad",
+           "fake_quant_grad", "fast_gelu_grad", "gelu_grad", "leaky_relu_grad", "quick_gelu_grad",
+           "relu_grad", "sigmoid_grad", "sin_grad", "tanh_grad"]
 
 _MS = "com.microsoft"
 ORT_OPS = {
@@ -191,4 +204,5 @@ ORT_OPS = {
     (_MS, "BiasFastGeluGrad_dX"): bias_fast_gelu_grad_dx,
     (_MS, "FakeQuantGrad"): fake_quant_grad,
     (_MS, "DivGrad"): div_grad,
+    ("", "SinGrad"): sin_grad,  # ONNX domain, ORT-private (since 9)
 }

@@ -80,12 +80,19 @@ class _Attrs:
             return [(0, 0)] * self.n
         if self.auto_pad == "NOTSET":
             return list(zip(self.pads[:self.n], self.pads[self.n:]))
-        out = []
-        for size, s, e in zip(spatial, self.strides, self.effective):
-            total = max(0, (-(-size // s) - 1) * s + e - size)
-            small, large = total // 2, total - total // 2
-            out.append((small, large) if self.auto_pad == "SAME_UPPER" else (large, small))
-        return out
+        return same_padding(self.auto_pad, spatial, self.strides, self.effective)
+
+
+def same_padding(auto_pad, spatial, strides, windows):
+    """auto_pad SAME_UPPER/SAME_LOWER: (begin, end) per spatial dim so that ceil(size / stride)
+    windows fit; the odd pixel goes at the end (UPPER) or the start (LOWER). Shared by Conv
+    and the pools."""
+    out = []
+    for size, s, e in zip(spatial, strides, windows):
+        total = max(0, (-(-size // s) - 1) * s + e - size)
+        small, large = total // 2, total - total // 2
+        out.append((small, large) if auto_pad == "SAME_UPPER" else (large, small))
+    return out
 
 
 def _dimension_numbers(n):

@@ -7,6 +7,7 @@ import numpy as np
 from jax import lax
 
 from jaxops.ops import _validate as v
+from jaxops.ops.conv import same_padding
 
 _MAX_POOL_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
                    "storage_order", "strides")
@@ -51,12 +52,7 @@ def _pool_pads(op, x_shape, dy_shape, kernel, strides, pads, auto_pad, ceil_mode
     spatial = x_shape[2:]
     n = len(spatial)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pairs = []
-        for size, k, st in zip(spatial, kernel, strides):
-            total = max(0, (-(-size // st) - 1) * st + k - size)
-            small = total // 2
-            pairs.append((small, total - small) if auto_pad == "SAME_UPPER" else
-                         (total - small, small))
+        pairs = same_padding(auto_pad, spatial, strides, kernel)
     elif auto_pad in ("NOTSET", "VALID"):
         p = [0] * (2 * n) if auto_pad == "VALID" or pads is None else list(pads)
         if len(p) != 2 * n:

@@ -1,7 +1,7 @@
 // CPU handlers of AdamWOptimizer, SGDOptimizerV2 and LambOptimizer over a whole parameter list.
 #include <cmath>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "jaxops/checks.h"
 #include "jaxops/optim.h"
@@ -140,16 +140,34 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
       if constexpr (std::is_same_v<G, double>) return;  // rejected below
       else {
         const G* pg = g.reinterpret_data<G>();  // read before g_out (it may alias) is written
-        std::vector<float> d(n);
-        float ww = 0, dd = 0;
-        for (int64_t k = 0; k < n; ++k) {
-          d[k] = c.direction(w[k], load(pg, k), m1[k], m2[k]);
-          ww += w[k] * w[k];
-          dd += d[k] * d[k];
+        const std::unique_ptr<float[]> dv(new float[size_t(n)]);  // uninitialized: written first
+        float* __restrict__ d = dv.get();
+        float* __restrict__ pw = w;
+        float* __restrict__ p1 = m1;
+        float* __restrict__ p2 = m2;
+        for (int64_t k = 0; k < n; ++k) d[k] = c.direction(pw[k], load(pg, k), p1[k], p2[k]);
+        // The norms in a loop of their own, over kLanes partial sums: float adds are not
+        // reassociated, so one running sum (or a loop shared with direction) stays scalar.
+        constexpr int kLanes = 16;
+        float ww[kLanes] = {}, dd[kLanes] = {};
+        int64_t k = 0;
+        for (; k + kLanes <= n; k += kLanes)
+          for (int j = 0; j < kLanes; ++j) {
+            ww[j] += pw[k + j] * pw[k + j];
+            dd[j] += d[k + j] * d[k + j];
+          }
+        for (; k < n; ++k) {
+          ww[0] += pw[k] * pw[k];
+          dd[0] += d[k] * d[k];
         }
-        const float ratio = c.ratio(std::sqrt(ww), std::sqrt(dd));
+        float sw = 0, sd = 0;
+        for (int j = 0; j < kLanes; ++j) {
+          sw += ww[j];
+          sd += dd[j];
+        }
+        const float ratio = c.ratio(std::sqrt(sw), std::sqrt(sd));
         G* po = g_out.reinterpret_data<G>();
-        for (int64_t k = 0; k < n; ++k) store(po, k, c.apply(w[k], d[k], ratio));
+        for (k = 0; k < n; ++k) store(po, k, c.apply(pw[k], d[k], ratio));
       }
     });
     if (!ok || g.element_type() == ffi::DataType::F64)

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <string>
 #include <utility>
 
@@ -89,15 +91,10 @@ struct Lamb {
     const A n1 = alpha * m1 + (A(1) - alpha) * g;
     const A n2 = beta * m2 + (A(1) - beta) * g * g;
     const A d = lambda * w + (n1 / bias1) / (JAXOPS_SQRT(n2 / bias2) + eps);
-#if defined(__CUDA_ARCH__)
-    const bool finite = isfinite(d);
-#else
-    const bool finite = std::isfinite(d);
-#endif
-    if (!finite) return A(0);
-    m1 = n1;
-    m2 = n2;
-    return d;
+    const bool ok = finite(d);
+    m1 = blend(ok, n1, m1);
+    m2 = blend(ok, n2, m2);
+    return ok ? d : A(0);
   }
 
   // lr * clip(||w|| / ||d||, ratio_min, ratio_max), or lr when either norm is 0.
@@ -113,14 +110,31 @@ struct Lamb {
   JAXOPS_HD A apply(A& w, A d, A ratio) const {
     const A delta = -ratio * d;
     const A next = w + delta;
+    const bool ok = finite(next);
+    w = blend(ok, next, w);
+    return ok ? delta : A(0);
+  }
+
+  // x - x is 0 for finite x and NaN for inf or NaN; unlike std::isfinite it vectorizes.
+  static JAXOPS_HD bool finite(A x) { return x - x == A(0); }
+
+  // ok ? a : b. On the CPU by bit masks: GCC turns `x = ok ? a : x` into a conditional store,
+  // which keeps the loop scalar (no masked stores in baseline x86-64).
+  static JAXOPS_HD A blend(bool ok, A a, A b) {
 #if defined(__CUDA_ARCH__)
-    const bool finite = isfinite(next);
+    return ok ? a : b;
 #else
-    const bool finite = std::isfinite(next);
+    using U = std::conditional_t<sizeof(A) == 8, uint64_t, uint32_t>;
+    static_assert(sizeof(U) == sizeof(A));
+    const U m = U(0) - U(ok);
+    U ua, ub;
+    std::memcpy(&ua, &a, sizeof(A));
+    std::memcpy(&ub, &b, sizeof(A));
+    const U r = (ua & m) | (ub & ~m);
+    A out;
+    std::memcpy(&out, &r, sizeof(A));
+    return out;
 #endif
-    if (!finite) return A(0);
-    w = next;
-    return delta;
   }
 };
 

@@ -8,6 +8,8 @@
 // to be filled and no host memory has to outlive the launch. Each block updates one chunk of
 // one tensor; it finds its tensor by binary search over the chunk prefix sums.
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -31,7 +33,20 @@ struct Table {
   int32_t first_chunk[kMaxTensors + 1];  // prefix sums of chunks per tensor
   int32_t id[kMaxTensors];                // the tensor's index in the op's lists
   int32_t count;
+
+  // Whether every pointer is 16-byte aligned (XLA's buffers are), so chunks can be moved in
+  // 16-byte accesses: a chunk starts a multiple of kChunk elements into its tensor.
+  bool aligned() const {
+    for (int l = 0; l < Lists; ++l)
+      for (int k = 0; k < count; ++k)
+        if (reinterpret_cast<uintptr_t>(ptr[l][k]) % 16 != 0) return false;
+    return true;
+  }
 };
+
+// Elements per access for element types of S and T bytes: 16 bytes of the wider, at most 4
+// (more would take too many registers at kUnroll groups a thread).
+constexpr int group_size(int s, int t) { return std::min(4, 16 / std::max(s, t)); }
 
 // The block's tensor and the element range [begin, end) of its chunk.
 template <int Lists>
@@ -47,41 +62,60 @@ __device__ __forceinline__ int locate(const Table<Lists>& t, int64_t* begin, int
   return lo;
 }
 
-// Visits the block's elements: f(index) for each, kUnroll independent elements per thread
-// per iteration so that enough loads are in flight.
-template <typename F>
-__device__ __forceinline__ void for_chunk(int64_t begin, int64_t end, F&& f) {
-  for (int64_t base = begin + threadIdx.x; base < end; base += int64_t(kThreads) * kUnroll) {
+// N contiguous elements of T as one memory access (a vector load or store when N > 1).
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
+template <int N, typename T>
+__device__ __forceinline__ void load_n(const T* p, int64_t i, acc_t<T>* out) {
+  const Pack<T, N> k = *reinterpret_cast<const Pack<T, N>*>(p + i);
+#pragma unroll
+  for (int j = 0; j < N; ++j) out[j] = load(k.v, j);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void store_n(T* p, int64_t i, const acc_t<T>* in) {
+  Pack<T, N> k;
+#pragma unroll
+  for (int j = 0; j < N; ++j) store(k.v, j, in[j]);
+  *reinterpret_cast<Pack<T, N>*>(p + i) = k;
+}
+
+// Visits [begin, end) in groups of N contiguous elements: load(n, i, u) for kUnroll groups
+// first, then finish(n, i, u) (compute and store), with n a std::integral_constant holding N.
+// The compiler cannot move a load above a store to another array it might alias, so this
+// order is what keeps kUnroll groups' loads in flight at once. begin - (the tensor's start)
+// must be a multiple of N.
+template <int N, typename Load, typename Finish>
+__device__ __forceinline__ void visit_groups(int64_t begin, int64_t end, Load& load_u,
+                                             Finish& finish_u) {
+  constexpr std::integral_constant<int, N> n;
+  constexpr int64_t kStride = int64_t(kThreads) * N;
+  for (int64_t base = begin + threadIdx.x * N; base < end; base += kStride * kUnroll) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kThreads;
-      if (i < end) f(i);
+      const int64_t i = base + u * kStride;
+      if (i < end) load_u(n, i, u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * kStride;
+      if (i < end) finish_u(n, i, u);
     }
   }
 }
 
-// Like for_chunk, for updates: load(i, u) for all kUnroll elements first, then finish(i, u)
-// (compute and store). The compiler cannot move a load above a store to another array it
-// might alias, so this order is what keeps kUnroll elements' loads in flight at once.
-template <typename Load, typename Finish>
-__device__ __forceinline__ void for_chunk_update(int64_t begin, int64_t end, Load&& load_u,
-                                                 Finish&& finish_u) {
-  for (int64_t base = begin + threadIdx.x; base < end; base += int64_t(kThreads) * kUnroll) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kThreads;
-      if (i < end) load_u(i, u);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kThreads;
-      if (i < end) finish_u(i, u);
-    }
-  }
+// The block's chunk [begin, end): groups of N (16-byte accesses where the host found every
+// pointer aligned), then the last (end - begin) % N elements one at a time.
+template <int N, typename Load, typename Finish>
+__device__ __forceinline__ void for_chunk(int64_t begin, int64_t end, Load&& load_u,
+                                          Finish&& finish_u) {
+  const int64_t mid = begin + (end - begin) / N * N;
+  visit_groups<N>(begin, mid, load_u, finish_u);
+  if constexpr (N > 1) visit_groups<1>(mid, end, load_u, finish_u);
 }
 
 // Lists: 0 weights, 1 gradients, 2 m1, 3 m2 (updated in place: results alias operands).
-template <typename W, typename G>
+template <typename W, typename G, int N>
 __global__ void __launch_bounds__(kThreads)
 adamw_kernel(const __grid_constant__ Table<4> t, const float* lr, const void* step, bool step64,
              const bool* signal, bool* flag, float alpha, float beta, float eps, float wd,
@@ -99,25 +133,27 @@ adamw_kernel(const __grid_constant__ Table<4> t, const float* lr, const void* st
   const G* g = static_cast<const G*>(t.ptr[1][k]);
   W* m1 = static_cast<W*>(t.ptr[2][k]);
   W* m2 = static_cast<W*>(t.ptr[3][k]);
-  A wv[kUnroll], gv[kUnroll], a[kUnroll], b[kUnroll];
-  for_chunk_update(
+  A wv[kUnroll][N], a[kUnroll][N], b[kUnroll][N];
+  acc_t<G> gv[kUnroll][N];
+  for_chunk<N>(
       begin, end,
-      [&](int64_t i, int u) {
-        wv[u] = load(w, i);
-        gv[u] = A(load(g, i));
-        a[u] = load(m1, i);
-        b[u] = load(m2, i);
+      [&](auto n, int64_t i, int u) {
+        load_n<decltype(n)::value>(w, i, wv[u]);
+        load_n<decltype(n)::value>(g, i, gv[u]);
+        load_n<decltype(n)::value>(m1, i, a[u]);
+        load_n<decltype(n)::value>(m2, i, b[u]);
       },
-      [&](int64_t i, int u) {
-        c.update(wv[u], gv[u], a[u], b[u]);
-        store(w, i, wv[u]);
-        store(m1, i, a[u]);
-        store(m2, i, b[u]);
+      [&](auto n, int64_t i, int u) {
+#pragma unroll
+        for (int j = 0; j < decltype(n)::value; ++j) c.update(wv[u][j], A(gv[u][j]), a[u][j], b[u][j]);
+        store_n<decltype(n)::value>(w, i, wv[u]);
+        store_n<decltype(n)::value>(m1, i, a[u]);
+        store_n<decltype(n)::value>(m2, i, b[u]);
       });
 }
 
 // Lists: 0 weights (in place), 1 gradients.
-template <typename W, typename G>
+template <typename W, typename G, int N>
 __global__ void __launch_bounds__(kThreads)
 sgd_kernel(const __grid_constant__ Table<2> t, const float* lr, const bool* signal, bool* flag) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && flag != nullptr) *flag = *signal;
@@ -128,10 +164,19 @@ sgd_kernel(const __grid_constant__ Table<2> t, const float* lr, const bool* sign
   const int k = locate(t, &begin, &end);
   W* w = static_cast<W*>(t.ptr[0][k]);
   const G* g = static_cast<const G*>(t.ptr[1][k]);
-  A wv[kUnroll], gv[kUnroll];
-  for_chunk_update(
-      begin, end, [&](int64_t i, int u) { wv[u] = load(w, i); gv[u] = A(load(g, i)); },
-      [&](int64_t i, int u) { store(w, i, wv[u] - rate * gv[u]); });
+  A wv[kUnroll][N];
+  acc_t<G> gv[kUnroll][N];
+  for_chunk<N>(
+      begin, end,
+      [&](auto n, int64_t i, int u) {
+        load_n<decltype(n)::value>(w, i, wv[u]);
+        load_n<decltype(n)::value>(g, i, gv[u]);
+      },
+      [&](auto n, int64_t i, int u) {
+#pragma unroll
+        for (int j = 0; j < decltype(n)::value; ++j) wv[u][j] -= rate * A(gv[u][j]);
+        store_n<decltype(n)::value>(w, i, wv[u]);
+      });
 }
 
 // Sum of v over the block (kThreads threads), returned to every thread.
@@ -172,7 +217,7 @@ struct LambArgs {
 
 // Lists: 0 weights, 1 gradients (in), 2 m1, 3 m2, 4 new gradients. Pass 1: per-chunk
 // sums of w^2 and d^2 into partials[2 * chunk].
-template <typename G>
+template <typename G, int N>
 __global__ void __launch_bounds__(kThreads)
 lamb_norms_kernel(const __grid_constant__ Table<5> t, LambArgs a, float2* partials) {
   if (!*a.signal || t.count == 0) return;
@@ -184,18 +229,29 @@ lamb_norms_kernel(const __grid_constant__ Table<5> t, LambArgs a, float2* partia
   const float* m1 = static_cast<const float*>(t.ptr[2][k]);
   const float* m2 = static_cast<const float*>(t.ptr[3][k]);
   float2 s = make_float2(0.f, 0.f);
-  for_chunk(begin, end, [&](int64_t i) {
-    float n1 = m1[i], n2 = m2[i];
-    const float wv = w[i], d = c.direction(wv, load(g, i), n1, n2);
-    s.x += wv * wv;
-    s.y += d * d;
-  });
+  float wv[kUnroll][N], gv[kUnroll][N], n1[kUnroll][N], n2[kUnroll][N];
+  for_chunk<N>(
+      begin, end,
+      [&](auto n, int64_t i, int u) {
+        load_n<decltype(n)::value>(w, i, wv[u]);
+        load_n<decltype(n)::value>(g, i, gv[u]);
+        load_n<decltype(n)::value>(m1, i, n1[u]);
+        load_n<decltype(n)::value>(m2, i, n2[u]);
+      },
+      [&](auto n, int64_t, int u) {
+#pragma unroll
+        for (int j = 0; j < decltype(n)::value; ++j) {
+          const float d = c.direction(wv[u][j], gv[u][j], n1[u][j], n2[u][j]);
+          s.x += wv[u][j] * wv[u][j];
+          s.y += d * d;
+        }
+      });
   s = block_sum(s);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 // Pass 2: the tensor's norms from its chunks' partials, then the update.
-template <typename G>
+template <typename G, int N>
 __global__ void __launch_bounds__(kThreads)
 lamb_update_kernel(const __grid_constant__ Table<5> t, LambArgs a, const float2* partials,
                    void* new_step, bool new_step64) {
@@ -220,21 +276,25 @@ lamb_update_kernel(const __grid_constant__ Table<5> t, LambArgs a, const float2*
   float* m1 = static_cast<float*>(t.ptr[2][k]);
   float* m2 = static_cast<float*>(t.ptr[3][k]);
   G* g_out = static_cast<G*>(t.ptr[4][k]);
-  float wv[kUnroll], gv[kUnroll], n1[kUnroll], n2[kUnroll];
-  for_chunk_update(
+  float wv[kUnroll][N], gv[kUnroll][N], n1[kUnroll][N], n2[kUnroll][N];
+  for_chunk<N>(
       begin, end,
-      [&](int64_t i, int u) {
-        wv[u] = w[i];
-        gv[u] = load(g, i);  // g is read before g_out (which may alias it) is written
-        n1[u] = m1[i];
-        n2[u] = m2[i];
+      [&](auto n, int64_t i, int u) {
+        load_n<decltype(n)::value>(w, i, wv[u]);
+        load_n<decltype(n)::value>(g, i, gv[u]);  // g is read before g_out (which may alias it) is written
+        load_n<decltype(n)::value>(m1, i, n1[u]);
+        load_n<decltype(n)::value>(m2, i, n2[u]);
       },
-      [&](int64_t i, int u) {
-        const float d = c.direction(wv[u], gv[u], n1[u], n2[u]);
-        store(g_out, i, c.apply(wv[u], d, ratio));
-        w[i] = wv[u];
-        m1[i] = n1[u];
-        m2[i] = n2[u];
+      [&](auto n, int64_t i, int u) {
+#pragma unroll
+        for (int j = 0; j < decltype(n)::value; ++j) {
+          const float d = c.direction(wv[u][j], gv[u][j], n1[u][j], n2[u][j]);
+          gv[u][j] = c.apply(wv[u][j], d, ratio);
+        }
+        store_n<decltype(n)::value>(g_out, i, gv[u]);
+        store_n<decltype(n)::value>(w, i, wv[u]);
+        store_n<decltype(n)::value>(m1, i, n1[u]);
+        store_n<decltype(n)::value>(m2, i, n2[u]);
       });
 }
 
@@ -315,7 +375,9 @@ ffi::Error adamw(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer step,
     using W = decltype(w_tag);
     using G = decltype(g_tag);
     for_groups<4>(count, in, ptrs, [&](const Table<4>& t, int32_t blocks, bool first) {
-      adamw_kernel<W, G><<<std::max(blocks, 1), kThreads, 0, stream>>>(
+      constexpr int N = group_size(sizeof(W), sizeof(G));
+      auto kernel = t.aligned() ? adamw_kernel<W, G, N> : adamw_kernel<W, G, 1>;
+      kernel<<<std::max(blocks, 1), kThreads, 0, stream>>>(
           t, lr.reinterpret_data<float>(), step.untyped_data(), step.element_type() == ffi::DataType::S64,
           signal.reinterpret_data<bool>(), first ? flag->reinterpret_data<bool>() : nullptr,
           alpha, beta, eps, wd, correct_bias != 0, int(mode));
@@ -346,7 +408,9 @@ ffi::Error sgd(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer signal,
     using W = decltype(w_tag);
     using G = decltype(g_tag);
     for_groups<2>(count, in, ptrs, [&](const Table<2>& t, int32_t blocks, bool first) {
-      sgd_kernel<W, G><<<std::max(blocks, 1), kThreads, 0, stream>>>(
+      constexpr int N = group_size(sizeof(W), sizeof(G));
+      auto kernel = t.aligned() ? sgd_kernel<W, G, N> : sgd_kernel<W, G, 1>;
+      kernel<<<std::max(blocks, 1), kThreads, 0, stream>>>(
           t, lr.reinterpret_data<float>(), signal.reinterpret_data<bool>(),
           first ? flag->reinterpret_data<bool>() : nullptr);
     });
@@ -391,8 +455,12 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
       int64_t offset = 0;  // each group's partials follow the previous group's
       for_groups<5>(count, in, ptrs, [&](const Table<5>& t, int32_t blocks, bool first) {
         const int grid = std::max(blocks, 1);
-        lamb_norms_kernel<G><<<grid, kThreads, 0, stream>>>(t, a, partials + offset);
-        lamb_update_kernel<G><<<grid, kThreads, 0, stream>>>(
+        constexpr int N = group_size(sizeof(float), sizeof(G));
+        const bool vec = t.aligned();
+        auto norms = vec ? lamb_norms_kernel<G, N> : lamb_norms_kernel<G, 1>;
+        auto update = vec ? lamb_update_kernel<G, N> : lamb_update_kernel<G, 1>;
+        norms<<<grid, kThreads, 0, stream>>>(t, a, partials + offset);
+        update<<<grid, kThreads, 0, stream>>>(
             t, a, partials + offset, first ? new_step->untyped_data() : nullptr,
             step.element_type() == ffi::DataType::S64);
         offset += blocks;

@@ -2,8 +2,9 @@
 copy bandwidth on 256 MiB of float32 input; bytes = what an ideal kernel reads + writes: the
 input read and the packed output written for an encoder, the reverse for a decoder).
 
-The jaxops ops are XLA code (jaxops/ops/gist.py says why), so "jaxops" is the op under jax.jit;
-where a second jnp formulation exists (jnp.packbits/unpackbits for pack1) it is the XLA peer.
+"jaxops" is the op under jax.jit: XLA code, except msfp15's kernels (jaxops/ops/gist.py says
+why). Where a second jnp formulation exists it is the XLA peer: jnp.packbits/unpackbits for
+pack1, the pure-JAX reference for msfp15.
 PyTorch eager is the peer where it has the same operation (comparisons, casts, shifts); pack8
 and msfp15 have no torch equivalent (torch=None). The reference is the op itself where no
 independent jnp formulation exists: tests/test_gist.py checks the ops bit for bit against a
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 
 from bench.harness import MiB, Case
 from jaxops import ops
+from jaxops.reference import gist as ref
 
 FAMILY = "gist"
 WIDTH = 1024  # msfp15 tiles run along the last axis: inputs are [N / 1024, 1024]
@@ -48,7 +50,8 @@ CODECS = {
                (lambda x: x.astype(jnp.float16), lambda h: h.astype(jnp.float32)),
                (lambda t, x: x.half(), lambda t, h: h.float())),
     "msfp15": (ops.gist_pack_msfp15_encoder, 1,
-               lambda b: ops.gist_pack_msfp15_decoder(b, to=FLOAT), None, None),
+               lambda b: ops.gist_pack_msfp15_decoder(b, to=FLOAT),
+               (ref.msfp15_encoder, ref.msfp15_decoder), None),
 }
 
 

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import gist_layout as model
 from jaxops import ops
 from jaxops.ops import gist as gist_module
+from jaxops.reference import gist as gist_reference
 from helpers import on_cpu_devices
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -152,6 +153,24 @@ def test_msfp15_known_tile():
     y = np.asarray(jops.gist_pack_msfp15_decoder(jops.gist_pack_msfp15_encoder(x), to=FLOAT))
     # Es = exponent of 3.9375 (2^1): the grid is 2^(1-5) = 1/16; 3.9375 = 63/16 exactly
     np.testing.assert_array_equal(y, [1.0, -0.5, 0.25, 3.0, 0.0, 0.0, 0.0, 3.9375])
+
+
+@pytest.mark.parametrize("shape", [(8,), (5, 24), (3, 4, 16), (4099, 8)], ids=str)
+def test_msfp15_kernels_match_the_reference(rng, shape, monkeypatch):
+    """The FFI kernels (CPU here, CUDA on a GPU) against jaxops.reference.gist on random bit
+    patterns: every exponent, NaN, inf and denormal turns up; 4099 tiles leave partial blocks."""
+    x = rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        x.reshape(-1, 8)[::3] *= 2.0**-100  # tiles of small numbers as well
+    b = rng.integers(0, 256, shape, dtype=np.uint8)
+    hlo = jax.jit(ops.gist_pack_msfp15_encoder).lower(x).as_text()
+    assert "jaxops_gist_pack_msfp15_encoder" in hlo  # the kernel, not XLA code
+    packed, y = _msfp15_enc(x), _msfp15_dec(b)
+    np.testing.assert_array_equal(packed, gist_reference.msfp15_encoder(x))
+    _same_floats(y, gist_reference.msfp15_decoder(b))
+    monkeypatch.setenv("JAXOPS_DISABLE", "gist_pack_msfp15_encoder,gist_pack_msfp15_decoder")
+    np.testing.assert_array_equal(ops.gist_pack_msfp15_encoder(x), packed)
+    _same_floats(ops.gist_pack_msfp15_decoder(b, to=FLOAT), y)
 
 
 # ------------------------------------------------------------------ round trips (hypothesis)

@@ -3,12 +3,15 @@ and GistPackMsfp15, each an Encoder/Decoder pair, bit for bit as ORT's CUDA kern
 (orttraining/training_ops/cuda/gist/gist_impl.cu) compute them, except where this docstring
 says otherwise.
 
-These are plain XLA code, not FFI kernels: each is elementwise bit arithmetic (msfp15 adds a
-max over 8-element tiles) that XLA fuses with its producer or consumer, where a kernel would be
-a fusion barrier that must round-trip through memory (bench/gist.py measures them against copy
-bandwidth). Being jnp code they support jit, vmap, sharding and (where it means anything)
-autodiff with no extra rules; `JAXOPS_DISABLE` does not apply. tests/gist_layout.py is an
-independent per-element model of the bit layouts that the tests compare with.
+Binarize, pack1, pack8 and pack16 are plain XLA code: elementwise bit arithmetic that XLA
+fuses with its producer or consumer, where a kernel would be a fusion barrier that must
+round-trip through memory. They support jit, vmap, sharding and (where it means anything)
+autodiff with no extra rules; `JAXOPS_DISABLE` does not apply to them. Msfp15's encoder and
+decoder need a whole 8-element tile per element, which XLA splits into a reduction and a
+second pass over X: they are FFI ops with CUDA kernels and C++ CPU handlers (ffi/*/gist.*),
+their pure-JAX definitions in jaxops/reference/gist.py (bench/gist.py measures all ten against
+copy bandwidth). tests/gist_layout.py is an independent per-element model of the bit layouts
+that the tests compare with.
 
 Decoders take ORT's required `to` attribute (an ONNX TensorProto element type: 1 float,
 9 bool, 10 float16, 11 double) and accept only the types ORT registers for them.
@@ -44,7 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops._src.op import Factors, Op, batch_at_front
 from jaxops.ops import _validate as v
+from jaxops.reference import gist as ref
 
 # ONNX TensorProto element types the decoders' `to` may name
 _TO = {1: jnp.float32, 9: jnp.bool_, 10: jnp.float16, 11: jnp.float64}
@@ -151,13 +156,24 @@ _PACK8 = {
 }
 
 
+def _f32_bits(X):
+    """The bits of float32(X). A float16 NaN widens as IEEE says (sign and payload kept, as
+    numpy and ORT's CPU kernel do) on every platform: a GPU's conversion gives one canonical
+    NaN (0x7FFFFFFF), whose bit 15 would set the sign of ORT's float16 pack8 byte."""
+    i = jax.lax.bitcast_convert_type(X.astype(jnp.float32), _U32)
+    if X.dtype != jnp.float16:
+        return i
+    h = jax.lax.bitcast_convert_type(X, jnp.uint16).astype(_U32)
+    return jnp.where(jnp.isnan(X), ((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13), i)
+
+
 def gist_pack8_encoder(X):
     """ORT GistPack8Encoder: ORT's sign | 5 | 2 bit byte of each element of X (float32 or
     float16), X's shape; 0 for X == 0 (where ORT leaves the byte unwritten). Not invertible:
     see the module docstring."""
     X = _input("gist_pack8_encoder", X, "X", (jnp.float32, jnp.float16))
     m_size, e_size, e_mask, m_mask, round_mask, bias = _PACK8[np.dtype(X.dtype)]
-    i = jax.lax.bitcast_convert_type(X.astype(jnp.float32), _U32)
+    i = _f32_bits(X)
     s = i >> (m_size + e_size)
     e = ((i & e_mask) >> m_size) - _u32(bias)  # wraps below the bias, as ORT's uint32 does
     m = i & m_mask
@@ -197,7 +213,10 @@ def gist_pack8_decoder(X, *, to):
 def gist_pack16_encoder(X):
     """ORT GistPack16Encoder: float32 X to float16, round to nearest even."""
     X = _input("gist_pack16_encoder", X, "X", (jnp.float32,))
-    return X.astype(jnp.float16)
+    # The barrier keeps the rounding: XLA (xla_allow_excess_precision, on by default) drops
+    # an f32 -> f16 -> f32 pair of converts, so a jitted encode + decode on a GPU returned X
+    # itself (65520 stayed 65520 instead of inf) and the f16 tensor was never stored.
+    return jax.lax.optimization_barrier(X.astype(jnp.float16))
 
 
 def gist_pack16_decoder(X, *, to):
@@ -209,14 +228,40 @@ def gist_pack16_decoder(X, *, to):
 
 # ---------------------------------------------------------------------------- msfp15
 
-_TILE = 8  # element i of a tile carries bit i of the shared exponent
-
-
 def _tiles(op, X):
-    if X.ndim == 0 or X.shape[-1] % _TILE:
-        v.fail(op, ValueError, f"X's last dim must be a multiple of {_TILE} (one MSFP tile), "
+    if X.ndim == 0 or X.shape[-1] % ref.TILE:
+        v.fail(op, ValueError, f"X's last dim must be a multiple of {ref.TILE} (one MSFP tile), "
                                f"got shape {X.shape}")
-    return X.reshape(*X.shape[:-1], X.shape[-1] // _TILE, _TILE)
+
+
+def _msfp15_shape(in_dtype, out_dtype):
+    def shape(X):
+        if X.dtype != in_dtype:
+            raise TypeError(f"X must be {_NAMES[in_dtype]}, got {X.dtype}")
+        if X.ndim == 0 or X.shape[-1] % ref.TILE:
+            raise ValueError(f"X's last dim must be a multiple of {ref.TILE}, got {X.shape}")
+        return jax.ShapeDtypeStruct(X.shape, out_dtype)
+    return shape
+
+
+def _tile_factors(X):
+    """Elementwise over tiles: any dim may be sharded but the last, which holds the tiles."""
+    dims = tuple(f"d{i}" for i in range(X.ndim))
+    return Factors((dims,), (dims,), replicated=dims[-1:])
+
+
+def _msfp15_op(name, reference, in_dtype, out_dtype):
+    return Op(name, shape=_msfp15_shape(in_dtype, out_dtype), reference=reference,
+              batch=lambda op, args, dims: (op.bind(*batch_at_front(args, dims)), 0),
+              target=f"jaxops_{name}", ffi_attrs=lambda X: {}, factors=_tile_factors)
+
+
+# CUDA kernels (a thread a tile): as XLA code the tile's shared exponent is a reduction of
+# its own and X is read twice (44% and 67% of copy bandwidth on an H100, 2026-11-22).
+_MSFP15_ENCODER = _msfp15_op("gist_pack_msfp15_encoder", ref.msfp15_encoder, jnp.float32,
+                             jnp.uint8)
+_MSFP15_DECODER = _msfp15_op("gist_pack_msfp15_decoder", ref.msfp15_decoder, jnp.uint8,
+                             jnp.float32)
 
 
 def gist_pack_msfp15_encoder(X):
@@ -224,18 +269,8 @@ def gist_pack_msfp15_encoder(X):
     in 8-element tiles along the last axis with a shared exponent; see the module docstring."""
     op = "gist_pack_msfp15_encoder"
     X = _input(op, X, "X", (jnp.float32,))
-    i = jax.lax.bitcast_convert_type(_tiles(op, X), _U32)
-    exp = (i >> 23) & 0xFF
-    shared = jnp.max(exp, axis=-1, keepdims=True)
-    diff = shared - exp
-    mant = ((i & 0x007FFFFF) | 0x00800000) >> jnp.minimum(diff, 31)
-    mant = jnp.where(diff > 31, 0, mant) >> 17  # 7 bits: 6 kept, 1 to round on
-    mant = jnp.where(mant == 127, mant, mant + 1) >> 1
-    sign = (i >> 25) & 0x40
-    value = jnp.where(exp == 0, 0, sign | mant)  # denormals flush to +0
-    byte = (((shared >> _lane(i.shape, _U32)) & 1) << 7) | value
-    byte = jnp.where(shared == 0xFF, 0, byte)  # inf or NaN in the tile: all zeros
-    return byte.astype(jnp.uint8).reshape(X.shape)
+    _tiles(op, X)
+    return _MSFP15_ENCODER(X)
 
 
 def gist_pack_msfp15_decoder(X, *, to):
@@ -243,17 +278,9 @@ def gist_pack_msfp15_decoder(X, *, to):
     to `to` (1 float): +-m * 2^(Es - 132), m the 6-bit magnitude, Es the tile's exponent."""
     op = "gist_pack_msfp15_decoder"
     X = _input(op, X, "X", (jnp.uint8,))
-    dtype = _to(op, to, (jnp.float32,))
-    b = _tiles(op, X).astype(_U32)
-    shared = jnp.sum((b >> 7) << _lane(b.shape, _U32), axis=-1, keepdims=True, dtype=_U32)
-    m = b & 0x3F
-    lead = 31 - jax.lax.clz(jnp.maximum(m, 1))  # position of the leading 1 of m
-    diff = 5 - lead
-    exp = shared - diff  # wraps for tiny tiles, as ORT's uint32 does
-    mant = (m << (18 + diff)) & 0x007FFFFF
-    bits = ((b & 0x40) << 25) | (exp << 23) | mant
-    y = jnp.where(m == 0, 0.0, jax.lax.bitcast_convert_type(bits, jnp.float32))
-    return y.astype(dtype).reshape(X.shape)
+    _to(op, to, (jnp.float32,))
+    _tiles(op, X)
+    return _MSFP15_DECODER(X)
 
 
 __all__ = ["gist_binarize_decoder", "gist_binarize_encoder", "gist_pack16_decoder",

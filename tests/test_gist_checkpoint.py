@@ -95,9 +95,12 @@ def test_gradients_are_fs_at_the_decoded_input(mlp, fmt, decode, bound):
                          ids=["relu", "leaky_relu"])
 def test_sign_formats_are_exact_for_relu(mlp, fmt, act):
     params, x = mlp
-    want = _grads(_relu_layer(act), params, x)
-    got = _grads(_relu_layer(nn.gist_checkpoint(act, fmt)), params, x)
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6), got, want)
+    # Exact masks, so only the matmuls' rounding differs: on a GPU XLA may fuse the mask into
+    # a different GEMM (2 of 4 cases failed at 1e-6 on an H200 with default precision).
+    with jax.default_matmul_precision("highest"):
+        want = _grads(_relu_layer(act), params, x)
+        got = _grads(_relu_layer(nn.gist_checkpoint(act, fmt)), params, x)
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
 
 
 def test_argnums_and_pytrees():

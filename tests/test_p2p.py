@@ -1,4 +1,5 @@
-"""Send/Recv (jaxops.ops.send, recv, send_recv) on forced CPU devices against numpy, and the
+"""Send/Recv (jaxops.ops.send, recv, send_recv) against numpy on 4 forced CPU devices or, under
+JAX_PLATFORMS=cuda, on every GPU of the machine (ranks are taken modulo the world), and the
 importer's pairing of Send/Recv nodes in an SPMD graph (a 2-stage pipeline)."""
 import re
 
@@ -18,7 +19,12 @@ from jaxops import ops
 from jaxops.onnx import OnnxImportError
 
 
-def _mesh(n=4, name="pipe"):
+W = 4 if jax.default_backend() == "cpu" else len(jax.devices())  # ranks of the default mesh
+
+
+def _mesh(n=W, name="pipe"):
+    if n < 2:
+        pytest.skip("Send/Recv needs 2 devices")
     return jax.sharding.Mesh(np.array(on_cpu_devices(n)), (name,))
 
 
@@ -46,17 +52,17 @@ DTYPES = [np.float32, np.float64, np.float16, jnp.bfloat16, np.int32, np.int8, n
           np.bool_]
 
 
-@pytest.mark.parametrize("source,destination", [(0, 1), (3, 0), (1, 2)])
+@pytest.mark.parametrize("source,destination", [(0, 1), (W - 1, 0), (1, 2 % W)])
 def test_send_recv_delivers_every_dtype(rng, source, destination):
     mesh = _mesh()
     shapes = [(3, 5), (7,), (), (2, 1, 3), (4,), (0, 2), (5,), (3, 3)]
     data = []
     for dtype, shape in zip(DTYPES, shapes):
-        x = rng.standard_normal((4, *shape)) * 50
+        x = rng.standard_normal((W, *shape)) * 50
         data.append((x > 0) if dtype == np.bool_ else x.astype(dtype))
     out = _per_rank(lambda *d: ops.send_recv(True, source, destination, *d), mesh, *data)
     signal, received = out[0], out[1:]
-    np.testing.assert_array_equal(signal, np.ones(4, bool))
+    np.testing.assert_array_equal(signal, np.ones(W, bool))
     for x, got in zip(data, received):
         assert got.dtype == x.dtype and got.shape == x.shape
         np.testing.assert_array_equal(np.asarray(got), _expected(np.asarray(x), source,
@@ -65,50 +71,50 @@ def test_send_recv_delivers_every_dtype(rng, source, destination):
 
 def test_send_handle_and_recv_pair(rng):
     mesh = _mesh()
-    x = rng.standard_normal((4, 6)).astype(np.float32)
-    n = np.arange(4 * 2, dtype=np.int32).reshape(4, 2)
+    x = rng.standard_normal((W, 6)).astype(np.float32)
+    n = np.arange(W * 2, dtype=np.int32).reshape(W, 2)
 
     def body(x, n):
-        pending = ops.send(np.array(True), 2, x, n, tag=7, element_types=[1, 6])
-        assert isinstance(pending, ops.Send) and pending.destination == 2
+        pending = ops.send(np.array(True), 2 % W, x, n, tag=7, element_types=[1, 6])
+        assert isinstance(pending, ops.Send) and pending.destination == 2 % W
         return ops.recv(np.array([True]), np.int64(1), tag=7, element_types=[1, 6],
                         send=pending)
 
     signal, rx, rn = _per_rank(body, mesh, x, n)
-    assert signal.shape == (4,) and signal.all()
-    np.testing.assert_array_equal(rx, _expected(x, 1, 2))
-    np.testing.assert_array_equal(rn, _expected(n, 1, 2))
+    assert signal.shape == (W,) and signal.all()
+    np.testing.assert_array_equal(rx, _expected(x, 1, 2 % W))
+    np.testing.assert_array_equal(rn, _expected(n, 1, 2 % W))
 
 
 def test_one_collective_permute_for_all_tensors(rng):
     mesh = _mesh()
-    data = [rng.standard_normal((4, 3)).astype(np.float32), np.ones((4, 5), np.int32),
-            rng.standard_normal((4, 2))]
+    data = [rng.standard_normal((W, 3)).astype(np.float32), np.ones((W, 5), np.int32),
+            rng.standard_normal((W, 2))]
     spec = P("pipe")
-    f = jax.jit(jax.shard_map(lambda *d: ops.send_recv(True, 0, 3, *d)[1:], mesh=mesh,
+    f = jax.jit(jax.shard_map(lambda *d: ops.send_recv(True, 0, W - 1, *d)[1:], mesh=mesh,
                               in_specs=(spec,) * 3, out_specs=(spec,) * 3))
     hlo = f.lower(*[jax.device_put(x, NamedSharding(mesh, spec)) for x in data]).compile().as_text()
     permutes = [ln for ln in hlo.splitlines() if re.search(r"collective-permute(-start)?\(", ln)]
     assert len(permutes) == 1, permutes
-    assert "source_target_pairs={{0,3}}" in permutes[0]
+    assert f"source_target_pairs={{{{0,{W - 1}}}}}" in permutes[0]
     assert not re.search(r"all-gather|all-reduce|all-to-all", hlo)
 
 
 def test_gradient_goes_back_to_the_source(rng):
     mesh = _mesh()
-    x = rng.standard_normal((4, 5))
-    n = np.arange(4 * 3).reshape(4, 3)  # an integer tensor alongside: no gradient
-    w = rng.standard_normal((4, 5))
+    x = rng.standard_normal((W, 5))
+    n = np.arange(W * 3).reshape(W, 3)  # an integer tensor alongside: no gradient
+    w = rng.standard_normal((W, 5))
 
     def loss(x):
-        out = _per_rank(lambda x, n, w: jnp.sum(ops.send_recv(True, 2, 1, x, n)[1] * w),
+        out = _per_rank(lambda x, n, w: jnp.sum(ops.send_recv(True, 2 % W, 1, x, n)[1] * w),
                         mesh, x, n, w)
         return out.sum()
 
     g = jax.grad(loss)(x)
-    np.testing.assert_allclose(g, _expected(w, 1, 2), rtol=1e-12)
-    f = lambda x, y: _per_rank(lambda a, b: ops.send_recv(True, 0, 3, a, b)[1:], mesh, x, y)
-    check_grads(f, (x, rng.standard_normal((4, 2, 2)).astype(np.float64)), order=2,
+    np.testing.assert_allclose(g, _expected(w, 1, 2 % W), rtol=1e-12)
+    f = lambda x, y: _per_rank(lambda a, b: ops.send_recv(True, 0, W - 1, a, b)[1:], mesh, x, y)
+    check_grads(f, (x, rng.standard_normal((W, 2, 2)).astype(np.float64)), order=2,
                 modes=["rev"])
 
 
@@ -117,26 +123,26 @@ def test_gradient_of_a_replicated_operand(rng):
     is the cotangent that reached the destination."""
     mesh = _mesh()
     x = rng.standard_normal(5)
-    w = rng.standard_normal((4, 5))
+    w = rng.standard_normal((W, 5))
 
     def loss(x):
-        return _per_rank(lambda x, w: jnp.sum(ops.send_recv(True, 0, 2, x)[1] * w), mesh, x, w,
+        return _per_rank(lambda x, w: jnp.sum(ops.send_recv(True, 0, W - 1, x)[1] * w), mesh, x, w,
                          replicated=(0,)).sum()
 
-    np.testing.assert_allclose(jax.grad(loss)(x), w[2], rtol=1e-12)
+    np.testing.assert_allclose(jax.grad(loss)(x), w[W - 1], rtol=1e-12)
 
 
 def test_vmap_inside_shard_map(rng):
     mesh = _mesh()
-    x = rng.standard_normal((4, 3, 2)).astype(np.float32)
-    y = rng.standard_normal((4, 2)).astype(np.float32)
+    x = rng.standard_normal((W, 3, 2)).astype(np.float32)
+    y = rng.standard_normal((W, 2)).astype(np.float32)
     out = _per_rank(jax.vmap(lambda a, b: ops.send_recv(True, 1, 0, a, b)[1:], in_axes=(0, None)),
                     mesh, x, y)
     np.testing.assert_array_equal(out[0], _expected(x, 1, 0))
     np.testing.assert_array_equal(out[1], np.broadcast_to(_expected(y, 1, 0)[:, None],
-                                                          (4, 3, 2)))
+                                                          (W, 3, 2)))
     # vmap(grad): per example, the gradient comes back from the destination to the source
-    w = rng.standard_normal((4, 3, 2)).astype(np.float32)
+    w = rng.standard_normal((W, 3, 2)).astype(np.float32)
     grad = jax.vmap(jax.grad(lambda a, w: jnp.sum(ops.send_recv(True, 1, 0, a)[1] * w)))
     g = _per_rank(grad, mesh, x, w)
     np.testing.assert_allclose(g, _expected(w, 0, 1), rtol=1e-6)
@@ -144,24 +150,24 @@ def test_vmap_inside_shard_map(rng):
 
 def test_pipeline_axis_is_overridable(rng):
     mesh = _mesh(name="stage")
-    x = rng.standard_normal((4, 3))
+    x = rng.standard_normal((W, 3))
     with pytest.raises(ValueError, match="'pipe' is not bound"):
         _per_rank(lambda v: ops.send_recv(True, 0, 1, v), mesh, x)
     with ops.pipeline_axis("stage"):
         out = _per_rank(lambda v: ops.send_recv(True, 0, 1, v)[1], mesh, x)
     np.testing.assert_array_equal(out, _expected(x, 0, 1))
-    out = _per_rank(lambda v: ops.send_recv(True, 3, 2, v, axis_name="stage")[1], mesh, x)
-    np.testing.assert_array_equal(out, _expected(x, 3, 2))
+    out = _per_rank(lambda v: ops.send_recv(True, W - 1, W - 2, v, axis_name="stage")[1], mesh, x)
+    np.testing.assert_array_equal(out, _expected(x, W - 1, W - 2))
 
 
 def test_bad_input(rng):
     mesh = _mesh()
-    x = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((W, 3)).astype(np.float32)
     run = lambda fn: _per_rank(fn, mesh, x)
-    with pytest.raises(ValueError, match="rank 2 sends to itself"):
-        run(lambda v: ops.send_recv(True, 2, 2, v))
-    with pytest.raises(ValueError, match="destination rank 4 is outside the 4 ranks"):
-        run(lambda v: ops.send_recv(True, 0, 4, v))
+    with pytest.raises(ValueError, match=f"rank {W - 1} sends to itself"):
+        run(lambda v: ops.send_recv(True, W - 1, W - 1, v))
+    with pytest.raises(ValueError, match=f"destination rank {W} is outside the {W} ranks"):
+        run(lambda v: ops.send_recv(True, 0, W, v))
     with pytest.raises(ValueError, match="source rank -1 is outside"):
         run(lambda v: ops.send_recv(True, -1, 1, v))
     with pytest.raises(ValueError, match="must be known while tracing"):

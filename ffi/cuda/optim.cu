@@ -9,8 +9,8 @@
 // one tensor; it finds its tensor by binary search over the chunk prefix sums.
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 

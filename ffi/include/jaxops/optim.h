@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "jaxops/dtype.h"

@@ -35,6 +35,12 @@ def assert_close(actual, expected, dtype, *, ulps=8, scale=None):
                            f"{np.abs(a - e).max():.3e} vs tol {tol.max():.3e}")
 
 
+def world(on_cpu):
+    """Ranks for a collective test: `on_cpu` forced CPU devices, or every GPU of the machine
+    under JAX_PLATFORMS=cuda (the same tests on NCCL)."""
+    return on_cpu if jax.default_backend() == "cpu" else len(jax.devices())
+
+
 def on_cpu_devices(n=4):
     devices = jax.devices("cpu") if jax.default_backend() == "cpu" else jax.devices()
     if len(devices) < n:

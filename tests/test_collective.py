@@ -8,15 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, assert_close, on_cpu_devices
+from helpers import FLOAT_DTYPES, assert_close, on_cpu_devices, world
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 from jaxops import ops
 
-
-WORLD = 8 if jax.default_backend() == "cpu" else len(jax.devices())
+WORLD = world(8)
 
 
 def _mesh(shape=None, names=("data",)):

@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import on_cpu_devices
+from helpers import on_cpu_devices, world
 
 from jaxops.onnx.data_parallel import DataParallel
 from jaxops.onnx.training import CheckpointState, Module, Optimizer
@@ -38,8 +38,7 @@ def test_data_parallel_steps_equal_single_device_steps():
         optimizer.step()
         module.lazy_reset_grad()
     state4, module4, optimizer4 = _trainer()
-    # 4 forced CPU devices (4 shards of 2 samples), or every GPU under JAX_PLATFORMS=cuda
-    n = 4 if jax.default_backend() == "cpu" else len(jax.devices())
+    n = world(4)  # 4 shards of 2 samples on the CPU
     if n < 2 or 8 % n:
         pytest.skip(f"the batch of 8 does not split over {n} devices")
     mesh = jax.sharding.Mesh(np.array(on_cpu_devices(n)), ("data",))

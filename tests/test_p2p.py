@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 import pytest
-from helpers import on_cpu_devices
+from helpers import on_cpu_devices, world
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
@@ -18,8 +18,7 @@ import jaxops.onnx
 from jaxops import ops
 from jaxops.onnx import OnnxImportError
 
-
-W = 4 if jax.default_backend() == "cpu" else len(jax.devices())  # ranks of the default mesh
+W = world(4)  # ranks of the default mesh
 
 
 def _mesh(n=W, name="pipe"):

@@ -11,7 +11,7 @@ namespace {
 ffi::Error encoder(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   if (auto err = check(x, *y, ffi::DataType::F32, ffi::DataType::U8); !err.empty())
     return invalid("gist_pack_msfp15_encoder", err);
-  const auto* in = static_cast<const unsigned char*>(x.untyped_data());
+  const auto* in = static_cast<const uint8_t*>(x.untyped_data());
   auto* out = static_cast<uint8_t*>(y->untyped_data());
   const int64_t tiles = int64_t(x.element_count()) / kTile;
   for (int64_t t = 0; t < tiles; ++t) {
@@ -26,7 +26,7 @@ ffi::Error decoder(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   if (auto err = check(x, *y, ffi::DataType::U8, ffi::DataType::F32); !err.empty())
     return invalid("gist_pack_msfp15_decoder", err);
   const auto* in = static_cast<const uint8_t*>(x.untyped_data());
-  auto* out = static_cast<unsigned char*>(y->untyped_data());
+  auto* out = static_cast<uint8_t*>(y->untyped_data());
   const int64_t tiles = int64_t(x.element_count()) / kTile;
   for (int64_t t = 0; t < tiles; ++t) {
     const uint8_t* tile = in + t * kTile;

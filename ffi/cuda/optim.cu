@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "jaxops/checks.h"
+#include "jaxops/cuda_elem.cuh"
 #include "jaxops/optim.h"
 #include "jaxops/registry.h"
 
@@ -62,9 +63,8 @@ __device__ __forceinline__ int locate(const Table<Lists>& t, int64_t* begin, int
   return lo;
 }
 
-// N contiguous elements of T as one memory access (a vector load or store when N > 1).
-template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
-
+// N contiguous elements of T as one memory access (cuda_elem.cuh's Pack), in the
+// accumulation type.
 template <int N, typename T>
 __device__ __forceinline__ void load_n(const T* p, int64_t i, acc_t<T>* out) {
   const Pack<T, N> k = *reinterpret_cast<const Pack<T, N>*>(p + i);

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "jaxops/checks.h"
 #include "jaxops/dtype.h"
 
 namespace jaxops::gist {
@@ -69,10 +70,8 @@ auto bind_args(Binding b) {
 inline std::string check(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y, ffi::DataType in,
                          ffi::DataType out) {
   if (x.element_type() != in || y.element_type() != out) return "X or Y has the wrong dtype";
-  auto dx = x.dimensions(), dy = y.dimensions();
-  if (dx.size() != dy.size()) return "X and Y must share one shape";
-  for (size_t i = 0; i < dx.size(); ++i)
-    if (dx[i] != dy[i]) return "X and Y must share one shape";
+  if (!same_dims(x, y)) return "X and Y must share one shape";
+  auto dx = x.dimensions();
   if (dx.size() == 0 || dx[dx.size() - 1] % kTile != 0)
     return "X's last dim must be a multiple of 8";
   return "";

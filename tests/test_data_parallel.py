@@ -18,13 +18,14 @@ from jaxops.onnx.training import CheckpointState, Module, Optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 MLP = ROOT / "tests" / "data" / "mlp"
+LR = 0.05
 
 
 def _trainer(mesh=None):
     state = CheckpointState.load_checkpoint(MLP / "checkpoint")
     module = Module(MLP / "training_model.onnx", state, device=None)
     optimizer = Optimizer(MLP / "optimizer_model.onnx", module)
-    optimizer.set_learning_rate(0.05)
+    optimizer.set_learning_rate(LR)
     return state, module, optimizer
 
 
@@ -50,10 +51,14 @@ def test_data_parallel_steps_equal_single_device_steps():
     for name in state1._grads:  # the last step's gradient: the all-reduced mean
         np.testing.assert_allclose(state4._grads[name], state1._grads[name], rtol=1e-5,
                                    atol=1e-7, err_msg=name)
+    # Adam moves each weight by up to lr a step whatever the gradient's size, so a gradient
+    # near zero that the all-reduce rounds differently moves its weight by a fraction of lr
+    # (4 H200s: 4.3e-7 off at one element); a wrong step is off by lr itself.
     for name in state1._params:
         p4 = state4._params[name]
         assert p4.sharding.is_fully_replicated and len(p4.sharding.device_set) == n
-        np.testing.assert_allclose(p4, state1._params[name], rtol=1e-5, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(p4, state1._params[name], rtol=1e-5, atol=1e-4 * LR,
+                                   err_msg=name)
         assert not np.allclose(p4, initial[name]), f"{name} did not train"
     for name, moments in state1._moments.items():
         for k in moments:

@@ -54,7 +54,11 @@ DTYPES = [np.float32, np.float64, np.float16, jnp.bfloat16, np.int32, np.int8, n
 @pytest.mark.parametrize("source,destination", [(0, 1), (W - 1, 0), (1, 2 % W)])
 def test_send_recv_delivers_every_dtype(rng, source, destination):
     mesh = _mesh()
-    shapes = [(3, 5), (7,), (), (2, 1, 3), (4,), (0, 2), (5,), (3, 3)]
+    # An empty tensor only on the CPU: on GPUs, XLA's compiler (jaxlib 0.11.2) segfaults on any
+    # jit(shard_map) with an empty sharded operand beside another, even an identity body
+    # without jaxops (seen on 2 and 4 H200s).
+    empty = (0, 2) if jax.default_backend() == "cpu" else (1, 2)
+    shapes = [(3, 5), (7,), (), (2, 1, 3), (4,), empty, (5,), (3, 3)]
     data = []
     for dtype, shape in zip(DTYPES, shapes):
         x = rng.standard_normal((W, *shape)) * 50

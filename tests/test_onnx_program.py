@@ -401,3 +401,31 @@ def test_backend_api():
     dy, yv = np.ones((2, 3), np.float32), np.full((2, 3), 1 / 3, np.float32)
     (dx,) = backend.run_node(node, [dy, yv])
     np.testing.assert_allclose(dx, np.zeros((2, 3)), atol=1e-7)
+
+
+@pytest.mark.parametrize("with_gradients", [True, False])
+def test_lamb_node_leaves_out_new_gradients(with_gradients):
+    """A LambOptimizer node that names no new_gradients output runs the kernel without them;
+    its weights and moments are the same either way."""
+    outs = ["step_out", "w_out", "g_out" if with_gradients else "", "m1_out", "m2_out"]
+    node = helper.make_node("LambOptimizer", ["", "", "", "lr", "step", "w", "g", "m1", "m2"],
+                            outs, domain="com.microsoft", alpha=[0.9], beta=[0.999],
+                            epsilon=[1e-6], **{"lambda": [0.01]})
+    named = [o for o in outs if o]
+    m = model([node], [vi("lr", shape=[1]), vi("step", TensorProto.INT64, [1])]
+              + [vi(x, shape=[4, 3]) for x in ("w", "g", "m1", "m2")], named,
+              domains=("com.microsoft",))
+    p = load(m)
+    rng = np.random.default_rng(0)
+    w, g, m1 = (rng.standard_normal((4, 3)).astype(np.float32) for _ in range(3))
+    m2 = np.abs(rng.standard_normal((4, 3))).astype(np.float32)
+    lr, step = np.array([0.1], np.float32), np.array([2], np.int64)
+    got = dict(zip(named, jax.jit(p)(p.params, lr, step, w, g, m1, m2)))
+    want = jaxops.ops.lamb_optimizer(None, None, None, lr[0], step, w, g, m1, m2, None,
+                                     **{"lambda": [0.01]})
+    for name, k in (("w_out", 1), ("m1_out", 3), ("m2_out", 4)):
+        np.testing.assert_array_equal(got[name], want[k])
+    if with_gradients:
+        np.testing.assert_array_equal(got["g_out"], want[2])
+    text = str(jax.make_jaxpr(lambda *a: p(p.params, *a))(lr, step, w, g, m1, m2))
+    assert f"new_gradients={int(with_gradients)}" in text

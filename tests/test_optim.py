@@ -543,3 +543,57 @@ def test_lamb_kernel_sharded_stays_correct(rng):
     for a, e in zip(got, expected):
         if e is not None:
             assert_close(a, e, jnp.float32, ulps=2)
+
+
+@pytest.mark.parametrize("gdtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_lamb_without_new_gradients(rng, gdtype):
+    """new_gradients=False: the same weights and moments, None for the gradients, and the
+    kernel neither returns nor aliases a gradient buffer."""
+    groups = _lamb_groups(rng, gdtype)
+    flat = [x for grp in groups for x in grp]
+    lr, step = jnp.float32(0.1), jnp.asarray(3)
+    full = ops.lamb_optimizer(None, None, None, lr, step, *flat, **{"lambda": 0.01})
+    fn = jax.jit(lambda *f: ops.lamb_optimizer(None, None, None, lr, step, *f,
+                                               new_gradients=False, **{"lambda": 0.01}))
+    lean = fn(*flat)
+    for i in range(len(groups)):
+        a, b = full[1 + 5 * i:6 + 5 * i], lean[1 + 5 * i:6 + 5 * i]
+        assert b[1] is None and b[4] is None
+        for k in (0, 2, 3):
+            np.testing.assert_array_equal(b[k], a[k])
+    hlo = fn.lower(*flat).compile().as_text()
+    results = len(jax.tree.leaves(jax.eval_shape(fn, *flat)))
+    assert results == 1 + 3 * len(groups)
+    # the reference path (f64 weights) drops them too
+    g64 = [tuple(None if x is None else x.astype(jnp.float64) for x in grp) for grp in groups]
+    out = ops.lamb_optimizer(None, None, None, 0.1, 3, *[x for grp in g64 for x in grp],
+                             new_gradients=False)
+    assert all(out[2 + 5 * i] is None for i in range(len(groups)))
+    assert "jaxops_lamb_optimizer" in hlo
+
+
+@pytest.mark.parametrize("gdtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_lamb_kernel_long_list(rng, gdtype):
+    """A list as a real model's: 200 tensors (two kernel tables of at most 192), tensors of many
+    chunks, one larger than the GPU kernel's L2 window and several that share a window. The
+    kernel is deterministic: a second run gives the same bits."""
+    sizes = [3_000_000, 0, 600_001, 500_000] + [int(n) for n in rng.integers(1, 3000, 196)]
+    sizes[60] = 250_000
+    groups = _lamb_groups(rng, gdtype, shapes=[(n,) for n in sizes])
+    flat = [x for grp in groups for x in grp]
+    kw = {"lambda": 0.01, "ratio_min": 0.0, "ratio_max": 10.0}
+    fn = jax.jit(lambda *f: ops.lamb_optimizer(None, None, None, jnp.float32(0.01),
+                                               jnp.asarray(5), *f, **kw))
+    got = fn(*flat)
+    again = fn(*flat)
+    for a, b in zip(got, again):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+    for i, grp in enumerate(groups):
+        w, g, m1, m2 = (np.asarray(x, np.float64) for x in grp[:4])
+        e = _lamb_numpy(w, g, m1, m2, 0.01, 5, 0.9, 0.999, 0.01, 1e-6, 0.0, 10.0)
+        for k in range(4):  # f32 math and sums in another order: relative to the tensor's scale
+            a, x = np.asarray(got[1 + 5 * i + k], np.float64), e[k]
+            scale = float(np.max(np.abs(x))) if x.size else 0.0
+            tol = 1e-5 if k != 1 or gdtype == jnp.float32 else 1e-2
+            np.testing.assert_allclose(a, x, rtol=tol, atol=tol * scale, err_msg=f"{i}/{k}")

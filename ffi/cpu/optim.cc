@@ -108,9 +108,10 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
                 ffi::AnyBuffer lr, ffi::AnyBuffer step, ffi::AnyBuffer hyper,
                 ffi::RemainingArgs in, ffi::Result<ffi::AnyBuffer> new_step, ffi::RemainingRets out,
                 int64_t count, float ratio_min, float ratio_max, int64_t correct, int64_t has_step,
-                int64_t has_norm) {
+                int64_t has_norm, int64_t new_gradients) {
   const char* op = "lamb_optimizer";
-  if (auto err = check_lamb(signal, loss_scale, norm, lr, step, *new_step, hyper, in, out, count);
+  if (auto err = check_lamb(signal, loss_scale, norm, lr, step, *new_step, hyper, in, out, count,
+                            new_gradients != 0);
       !err.empty())
     return invalid(op, err);
   const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
@@ -119,16 +120,15 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
   if (new_step->element_type() == ffi::DataType::S64) *new_step->reinterpret_data<int64_t>() = t_out;
   else *new_step->reinterpret_data<int32_t>() = int32_t(t_out);
   for (int64_t i = 0; i < count; ++i) {
-    for (int64_t k = 0; k < 4; ++k) {
-      auto a = *in.get<ffi::AnyBuffer>(k * count + i);
-      copy_if_distinct(a, **out.get<ffi::AnyBuffer>(k * count + i));
-    }
+    auto result = [&](int64_t k) { return **out.get<ffi::AnyBuffer>(k * count + i); };
+    for (int64_t k = 0; k < 4; ++k)
+      if (const int64_t r = lamb_result_list(k, new_gradients != 0); r >= 0)
+        copy_if_distinct(*in.get<ffi::AnyBuffer>(k * count + i), result(r));
     if (!update) continue;
     auto g = *in.get<ffi::AnyBuffer>(count + i);
-    float* w = (**out.get<ffi::AnyBuffer>(i)).reinterpret_data<float>();
-    float* m1 = (**out.get<ffi::AnyBuffer>(2 * count + i)).reinterpret_data<float>();
-    float* m2 = (**out.get<ffi::AnyBuffer>(3 * count + i)).reinterpret_data<float>();
-    ffi::AnyBuffer g_out = **out.get<ffi::AnyBuffer>(count + i);
+    float* w = result(0).reinterpret_data<float>();
+    float* m1 = result(lamb_result_list(2, new_gradients != 0)).reinterpret_data<float>();
+    float* m2 = result(lamb_result_list(3, new_gradients != 0)).reinterpret_data<float>();
     const auto c = make_lamb<float>(hyper.reinterpret_data<float>() + kHyper * i,
                                     *lr.reinterpret_data<float>(),
                                     *loss_scale.reinterpret_data<float>(),
@@ -166,8 +166,12 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
           sd += dd[j];
         }
         const float ratio = c.ratio(std::sqrt(sw), std::sqrt(sd));
-        G* po = g_out.reinterpret_data<G>();
-        for (k = 0; k < n; ++k) store(po, k, c.apply(pw[k], d[k], ratio));
+        if (new_gradients) {
+          G* po = result(1).reinterpret_data<G>();
+          for (k = 0; k < n; ++k) store(po, k, c.apply(pw[k], d[k], ratio));
+        } else {
+          for (k = 0; k < n; ++k) c.apply(pw[k], d[k], ratio);
+        }
       }
     });
     if (!ok || g.element_type() == ffi::DataType::F64)

@@ -16,6 +16,7 @@
 
 #include "jaxops/checks.h"
 #include "jaxops/concat.h"
+#include "jaxops/cuda_launch.h"
 #include "jaxops/registry.h"
 
 namespace jaxops::concat {
@@ -132,10 +133,7 @@ ffi::Error run(const char* op, cudaStream_t stream, const ffi::AnyBuffer& whole,
   sms = std::max(sms, 1);
   if (split) launch_plan<true>(plan, whole.untyped_data(), sms, stream);
   else launch_plan<false>(plan, whole.untyped_data(), sms, stream);
-  const cudaError_t last = cudaGetLastError();
-  if (last != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(last));
-  return ffi::Error::Success();
+  return launched(op);
 }
 
 ffi::Error concat_training_cuda(cudaStream_t stream, ffi::RemainingArgs inputs,

@@ -24,6 +24,7 @@
 
 #include "jaxops/checks.h"
 #include "jaxops/cuda_elem.cuh"
+#include "jaxops/cuda_launch.h"
 #include "jaxops/gather.h"
 #include "jaxops/registry.h"
 
@@ -248,8 +249,7 @@ ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View
   if (err == cudaSuccess)
     err = vec ? reduce<T, kVec>(keys, pos, d, dy, dx, partial, stream)
               : reduce<T, 1>(keys, pos, d, dy, dx, partial, stream);
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return cuda_error(op, err);
 }
 
 ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
@@ -262,7 +262,7 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
     return invalid(op, "the number of indices and dX's size along axis must be < 2^31 - 1");
   if (dx->element_count() == 0) return ffi::Error::Success();
   cudaError_t err = cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream);
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
+  if (err != cudaSuccess) return cuda_error(op, err);
   if (w.n == 0 || w.outer * w.inner == 0) return ffi::Error::Success();
   Scratch scratch{alloc};
   ffi::Error result = ffi::Error::Success();

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "jaxops/checks.h"
+#include "jaxops/cuda_launch.h"
 #include "jaxops/gist.h"
 #include "jaxops/registry.h"
 
@@ -47,12 +48,6 @@ decode_kernel(const uint2* __restrict__ x, uint4* __restrict__ y, int64_t halves
 unsigned grid_for(int64_t items) {
   const int64_t blocks = (items + kThreads - 1) / kThreads;
   return unsigned(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
-}
-
-ffi::Error launched(const char* op) {
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));
-  return ffi::Error::Success();
 }
 
 ffi::Error encoder(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {

@@ -19,6 +19,7 @@
 
 #include "jaxops/checks.h"
 #include "jaxops/cuda_elem.cuh"
+#include "jaxops/cuda_launch.h"
 #include "jaxops/loss.h"
 #include "jaxops/registry.h"
 
@@ -238,12 +239,6 @@ void launch_bwd(cudaStream_t stream, int64_t rows, int64_t c, const acc_t<T>* g,
       rows, c, g, x, lse, l, bias, d);
 }
 
-ffi::Error finish(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
-}
-
 ffi::Error fwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer labels,
                     ffi::Result<ffi::AnyBuffer> nll, ffi::Result<ffi::AnyBuffer> lse,
                     ffi::AnyBuffer* log_prob, int64_t out_type) {
@@ -271,7 +266,7 @@ ffi::Error fwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer x, ffi::
     }
   });
   if (!ok) return invalid(op, "unsupported dtype");
-  return finish(op);
+  return launched(op);
 }
 
 ffi::Error bwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer x,
@@ -301,7 +296,7 @@ ffi::Error bwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer g, ffi::
     }
   });
   if (!ok) return invalid(op, "unsupported dtype");
-  return finish(op);
+  return launched(op);
 }
 
 ffi::Error sce_fwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer labels,

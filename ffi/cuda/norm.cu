@@ -24,6 +24,7 @@
 
 #include "jaxops/checks.h"
 #include "jaxops/cuda_elem.cuh"
+#include "jaxops/cuda_launch.h"
 #include "jaxops/norm.h"
 #include "jaxops/registry.h"
 
@@ -382,10 +383,9 @@ int elementwise_blocks(int64_t total) {
 
 ffi::Error finish(const char* op, bool dtype_ok, cudaError_t err) {
   if (!dtype_ok) return invalid(op, "unsupported dtype");
-  const cudaError_t last = cudaGetLastError();  // launch errors; also clears them
-  if (err == cudaSuccess) err = last;
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  ffi::Error last = launched(op);  // clears launch errors even when err already failed
+  if (err != cudaSuccess) return cuda_error(op, err);
+  return last;
 }
 
 template <int kMode>

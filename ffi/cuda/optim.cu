@@ -9,12 +9,14 @@
 // one tensor; it finds its tensor by binary search over the chunk prefix sums.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
 #include <cuda_runtime.h>
 
 #include "jaxops/checks.h"
+#include "jaxops/cuda_launch.h"
 #include "jaxops/cuda_elem.cuh"
 #include "jaxops/optim.h"
 #include "jaxops/registry.h"
@@ -26,6 +28,7 @@ constexpr int kMaxTensors = 192;
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 constexpr int64_t kChunk = 16384;  // elements per block
+constexpr int64_t kWindowPerMille = 300;  // LAMB's window of tensors, per mille of the L2 size
 
 template <int Lists>
 struct Table {
@@ -215,15 +218,26 @@ struct LambArgs {
   }
 };
 
-// Lists: 0 weights, 1 gradients (in), 2 m1, 3 m2, 4 new gradients. Pass 1: per-chunk
-// sums of w^2 and d^2 into partials[2 * chunk].
+// LAMB's work queue over one Table (lists: 0 weights, 1 gradients (in), 2 m1, 3 m2, 4 new
+// gradients or null). Items are chunks, taken in order from a global counter: first a chunk's
+// share of its tensor's norms, later its update. The tensors run in windows small enough that
+// two fit in L2, queued norms(W0), norms(W1), update(W0), norms(W2), update(W1), ..., so an
+// update re-reads w, g, m1, m2 from L2, not DRAM, and one launch covers the list (no tail per
+// window). The block that finishes a tensor's last norm chunk sums its partials in a fixed
+// order (deterministic) and publishes the trust ratio; an update item waits for it. Norm items
+// never wait and precede their tensor's updates in the queue, so nothing can deadlock, whatever
+// the blocks' residency.
+struct LambQueue {
+  Table<5> t;
+  int32_t first_item[2 * kMaxTensors + 1];  // prefix sums of the segments' chunks
+  int32_t segment[2 * kMaxTensors];         // 2 * tensor + 1 for its update, + 0 for its norms
+  int32_t segments;
+};
+
+// This thread's share of the sums of w^2 and d^2 over [begin, end) of tensor k.
 template <typename G, int N>
-__global__ void __launch_bounds__(kThreads)
-lamb_norms_kernel(const __grid_constant__ Table<5> t, LambArgs a, float2* partials) {
-  if (!*a.signal || t.count == 0) return;
-  int64_t begin, end;
-  const int k = locate(t, &begin, &end);
-  const Lamb<float> c = a.consts(t.id[k]);
+__device__ __forceinline__ float2 lamb_chunk_norms(const Lamb<float>& c, const Table<5>& t, int k,
+                                                   int64_t begin, int64_t end) {
   const float* w = static_cast<const float*>(t.ptr[0][k]);
   const G* g = static_cast<const G*>(t.ptr[1][k]);
   const float* m1 = static_cast<const float*>(t.ptr[2][k]);
@@ -246,31 +260,13 @@ lamb_norms_kernel(const __grid_constant__ Table<5> t, LambArgs a, float2* partia
           s.y += d * d;
         }
       });
-  s = block_sum(s);
-  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+  return s;
 }
 
-// Pass 2: the tensor's norms from its chunks' partials, then the update.
+// The update of [begin, end) of tensor k by its trust ratio.
 template <typename G, int N>
-__global__ void __launch_bounds__(kThreads)
-lamb_update_kernel(const __grid_constant__ Table<5> t, LambArgs a, const float2* partials,
-                   void* new_step, bool new_step64) {
-  if (blockIdx.x == 0 && threadIdx.x == 0 && new_step != nullptr) {
-    const int64_t s = a.step_value() + ((*a.signal && a.has_step) ? 1 : 0);
-    if (new_step64) *static_cast<int64_t*>(new_step) = s;
-    else *static_cast<int32_t*>(new_step) = int32_t(s);
-  }
-  if (!*a.signal || t.count == 0) return;
-  int64_t begin, end;
-  const int k = locate(t, &begin, &end);
-  const Lamb<float> c = a.consts(t.id[k]);
-  float2 s = make_float2(0.f, 0.f);
-  for (int32_t j = t.first_chunk[k] + threadIdx.x; j < t.first_chunk[k + 1]; j += kThreads) {
-    s.x += partials[j].x;
-    s.y += partials[j].y;
-  }
-  s = block_sum(s);
-  const float ratio = c.ratio(sqrtf(s.x), sqrtf(s.y));
+__device__ __forceinline__ void lamb_chunk_update(const Lamb<float>& c, const Table<5>& t, int k,
+                                                  int64_t begin, int64_t end, float ratio) {
   float* w = static_cast<float*>(t.ptr[0][k]);
   const G* g = static_cast<const G*>(t.ptr[1][k]);
   float* m1 = static_cast<float*>(t.ptr[2][k]);
@@ -291,11 +287,110 @@ lamb_update_kernel(const __grid_constant__ Table<5> t, LambArgs a, const float2*
           const float d = c.direction(wv[u][j], gv[u][j], n1[u][j], n2[u][j]);
           gv[u][j] = c.apply(wv[u][j], d, ratio);
         }
-        store_n<decltype(n)::value>(g_out, i, gv[u]);
+        if (g_out != nullptr) store_n<decltype(n)::value>(g_out, i, gv[u]);
         store_n<decltype(n)::value>(w, i, wv[u]);
         store_n<decltype(n)::value>(m1, i, n1[u]);
         store_n<decltype(n)::value>(m2, i, n2[u]);
       });
+}
+
+// partials: one per chunk; ratios and done: one per tensor of the table (done counts finished
+// norm chunks, plus one once the ratio is out); next: the queue's counter. done and next start
+// at 0.
+template <typename G, int N>
+__global__ void __launch_bounds__(kThreads)
+lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float2* partials, float* ratios,
+            unsigned* done, unsigned* next, void* new_step, bool new_step64) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && new_step != nullptr) {
+    const int64_t s = a.step_value() + ((*a.signal && a.has_step) ? 1 : 0);
+    if (new_step64) *static_cast<int64_t*>(new_step) = s;
+    else *static_cast<int32_t*>(new_step) = int32_t(s);
+  }
+  if (!*a.signal) return;
+  const Table<5>& t = q.t;
+  const int32_t items = q.first_item[q.segments];
+  __shared__ int32_t item_s;
+  __shared__ bool last_s;
+  __shared__ float ratio_s;
+  for (;;) {
+    __syncthreads();  // every thread is done with the previous item's shared values
+    if (threadIdx.x == 0) item_s = int32_t(atomicAdd(next, 1u));
+    __syncthreads();
+    const int32_t item = item_s;
+    if (item >= items) return;
+    int lo = 0, hi = q.segments - 1;  // the item's segment: the last that starts at or before it
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (q.first_item[mid] <= item) lo = mid; else hi = mid - 1;
+    }
+    const int k = q.segment[lo] >> 1;
+    const int32_t chunk = item - q.first_item[lo];
+    const unsigned chunks = unsigned(t.first_chunk[k + 1] - t.first_chunk[k]);
+    const int64_t begin = int64_t(chunk) * kChunk, end = min(begin + kChunk, t.size[k]);
+    const Lamb<float> c = a.consts(t.id[k]);
+    if (q.segment[lo] & 1) {
+      if (threadIdx.x == 0) {
+        while (*static_cast<volatile unsigned*>(done + k) <= chunks) __nanosleep(100);
+        __threadfence();
+        ratio_s = __ldcg(ratios + k);
+      }
+      __syncthreads();
+      lamb_chunk_update<G, N>(c, t, k, begin, end, ratio_s);
+      continue;
+    }
+    float2 s = block_sum(lamb_chunk_norms<G, N>(c, t, k, begin, end));
+    if (threadIdx.x == 0) {
+      partials[t.first_chunk[k] + chunk] = s;
+      __threadfence();  // the partial is visible before the count that announces it
+      last_s = atomicAdd(done + k, 1u) == chunks - 1;
+    }
+    __syncthreads();
+    if (!last_s) continue;
+    __threadfence();
+    s = make_float2(0.f, 0.f);
+    for (int32_t j = t.first_chunk[k] + threadIdx.x; j < t.first_chunk[k + 1]; j += kThreads) {
+      const float2 p = __ldcg(partials + j);
+      s.x += p.x;
+      s.y += p.y;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) {
+      ratios[k] = c.ratio(sqrtf(s.x), sqrtf(s.y));
+      __threadfence();
+      atomicAdd(done + k, 1u);  // chunks + 1: the ratio is out
+    }
+  }
+}
+
+// Fills q's segments: windows of consecutive tensors of at most `window` bytes (a larger
+// tensor alone), queued norms(W0), norms(W1), update(W0), ..., update(Wlast).
+void queue_windows(LambQueue& q, int64_t window, int64_t elem_bytes) {
+  int32_t starts[kMaxTensors + 1];
+  int windows = 0;
+  int64_t filled = 0;
+  for (int k = 0; k < q.t.count; ++k) {
+    const int64_t bytes = q.t.size[k] * elem_bytes;
+    if (k == 0 || filled + bytes > window) {
+      starts[windows++] = k;
+      filled = 0;
+    }
+    filled += bytes;
+  }
+  starts[windows] = q.t.count;
+  q.segments = 0;
+  int32_t item = 0;
+  auto add = [&](int win, int update) {
+    for (int k = starts[win]; k < starts[win + 1]; ++k) {
+      q.first_item[q.segments] = item;
+      q.segment[q.segments++] = 2 * k + update;
+      item += q.t.first_chunk[k + 1] - q.t.first_chunk[k];
+    }
+  };
+  for (int win = 0; win <= windows; ++win) {
+    if (win < windows) add(win, 0);
+    if (win > 0) add(win - 1, 1);
+  }
+  q.first_item[q.segments] = item;
 }
 
 // Copies each operand of `lists` into its result where XLA gave them distinct buffers, so the
@@ -342,12 +437,6 @@ void for_groups(int64_t count, const ffi::RemainingArgs& in, Ptr ptrs, Launch la
   }
 }
 
-ffi::Error finish(const char* op) {
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));
-  return ffi::Error::Success();
-}
-
 ffi::Error adamw(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer step,
                  ffi::AnyBuffer signal, ffi::RemainingArgs in, ffi::Result<ffi::AnyBuffer> flag,
                  ffi::RemainingRets out, int64_t count, float alpha, float beta, float eps,
@@ -365,7 +454,7 @@ ffi::Error adamw(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer step,
       return invalid(op, "results must have the weights' dtype");
   const int lists[] = {0, 2, 3};
   if (cudaError_t e = copy_if_distinct(stream, in, out, count, lists, 3); e != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));
+    return cuda_error(op, e);
   const int result_list[] = {0, -1, 1, 2};
   auto ptrs = [&](int l, int64_t i) -> void* {
     if (l == 1) return in.get<ffi::AnyBuffer>(count + i)->untyped_data();
@@ -384,7 +473,7 @@ ffi::Error adamw(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer step,
     });
   });
   if (!ok) return invalid(op, "unsupported weight/gradient dtypes");
-  return finish(op);
+  return launched(op);
 }
 
 ffi::Error sgd(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer signal,
@@ -399,7 +488,7 @@ ffi::Error sgd(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer signal,
       return invalid(op, "results must have the weights' dtype");
   const int lists[] = {0};
   if (cudaError_t e = copy_if_distinct(stream, in, out, count, lists, 1); e != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));
+    return cuda_error(op, e);
   auto ptrs = [&](int l, int64_t i) -> void* {
     if (l == 1) return in.get<ffi::AnyBuffer>(count + i)->untyped_data();
     return (*out.get<ffi::AnyBuffer>(i))->untyped_data();
@@ -416,7 +505,7 @@ ffi::Error sgd(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer signal,
     });
   });
   if (!ok) return invalid(op, "unsupported weight/gradient dtypes");
-  return finish(op);
+  return launched(op);
 }
 
 ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer signal,
@@ -424,21 +513,38 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
                 ffi::AnyBuffer step, ffi::AnyBuffer hyper, ffi::RemainingArgs in,
                 ffi::Result<ffi::AnyBuffer> new_step, ffi::RemainingRets out, int64_t count,
                 float ratio_min, float ratio_max, int64_t correct, int64_t has_step,
-                int64_t has_norm) {
+                int64_t has_norm, int64_t new_gradients) {
   const char* op = "lamb_optimizer";
-  if (auto err = check_lamb(signal, loss_scale, norm, lr, step, *new_step, hyper, in, out, count);
+  const bool grads = new_gradients != 0;
+  if (auto err = check_lamb(signal, loss_scale, norm, lr, step, *new_step, hyper, in, out, count,
+                            grads);
       !err.empty())
     return invalid(op, err);
   const ffi::DataType gt = count ? in.get<ffi::AnyBuffer>(count)->element_type() : ffi::DataType::F32;
-  const int lists[] = {0, 1, 2, 3};
-  if (cudaError_t e = copy_if_distinct(stream, in, out, count, lists, 4); e != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));
+  if (gt == ffi::DataType::F64) return invalid(op, "gradients must be f32, f16 or bf16");
+  const int all[] = {0, 1, 2, 3}, no_grads[] = {0, 2, 3};  // operand lists with a result list
+  if (cudaError_t e = copy_if_distinct(stream, in, out, count, grads ? all : no_grads, grads ? 4 : 3);
+      e != cudaSuccess)
+    return cuda_error(op, e);
   int64_t chunks = 0;
   for (int64_t i = 0; i < count; ++i)
     chunks += (int64_t(in.get<ffi::AnyBuffer>(i)->element_count()) + kChunk - 1) / kChunk;
-  auto mem = scratch.Allocate(sizeof(float2) * std::max<int64_t>(chunks, 1), alignof(float2));
-  if (!mem.has_value()) return ffi::Error::Internal(std::string(op) + ": no scratch memory");
-  float2* partials = static_cast<float2*>(*mem);
+  const int64_t counters = count + count / kMaxTensors + 1;  // done per tensor, next per table
+  auto part_mem = scratch.Allocate(sizeof(float2) * std::max<int64_t>(chunks, 1), alignof(float2));
+  auto ratio_mem = scratch.Allocate(sizeof(float) * std::max<int64_t>(count, 1), alignof(float));
+  auto count_mem = scratch.Allocate(sizeof(unsigned) * counters, alignof(unsigned));
+  if (!part_mem.has_value() || !ratio_mem.has_value() || !count_mem.has_value())
+    return ffi::Error::Internal(std::string(op) + ": no scratch memory");
+  unsigned* done = static_cast<unsigned*>(*count_mem);
+  if (cudaError_t e = cudaMemsetAsync(done, 0, sizeof(unsigned) * counters, stream); e != cudaSuccess)
+    return cuda_error(op, e);
+  int dev = 0, sms = 0, l2 = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return cuda_error(op, e);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+  int64_t per_mille = kWindowPerMille;
+  if (const char* env = std::getenv("JAXOPS_LAMB_WINDOW_PERMILLE")) per_mille = std::atoll(env);  // TEMP sweep
+  const int64_t window = int64_t(l2) * per_mille / 1000;
   LambArgs a{signal.reinterpret_data<bool>(), loss_scale.reinterpret_data<float>(),
              norm.reinterpret_data<float>(), lr.reinterpret_data<float>(),
              hyper.reinterpret_data<float>(), step.untyped_data(),
@@ -446,29 +552,36 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
              has_norm != 0, has_step != 0};
   auto ptrs = [&](int l, int64_t i) -> void* {
     if (l == 1) return in.get<ffi::AnyBuffer>(count + i)->untyped_data();
-    const int64_t r = l == 4 ? 1 : l;  // result lists: weights, new gradients, m1, m2
-    return (*out.get<ffi::AnyBuffer>(r * count + i))->untyped_data();
+    const int64_t r = lamb_result_list(l == 4 ? 1 : l, grads);  // list 4: the new gradients
+    return r < 0 ? nullptr : (*out.get<ffi::AnyBuffer>(r * count + i))->untyped_data();
   };
   bool ok = dispatch_float(gt, [&](auto g_tag) {
     using G = decltype(g_tag);
     if constexpr (!std::is_same_v<G, double>) {
-      int64_t offset = 0;  // each group's partials follow the previous group's
+      float2* partials = static_cast<float2*>(*part_mem);
+      float* ratios = static_cast<float*>(*ratio_mem);
+      unsigned* next = done + count;
+      LambQueue q;
       for_groups<5>(count, in, ptrs, [&](const Table<5>& t, int32_t blocks, bool first) {
-        const int grid = std::max(blocks, 1);
+        q.t = t;
+        queue_windows(q, window, int64_t(3 * sizeof(float) + sizeof(G)));
         constexpr int N = group_size(sizeof(float), sizeof(G));
-        const bool vec = t.aligned();
-        auto norms = vec ? lamb_norms_kernel<G, N> : lamb_norms_kernel<G, 1>;
-        auto update = vec ? lamb_update_kernel<G, N> : lamb_update_kernel<G, 1>;
-        norms<<<grid, kThreads, 0, stream>>>(t, a, partials + offset);
-        update<<<grid, kThreads, 0, stream>>>(
-            t, a, partials + offset, first ? new_step->untyped_data() : nullptr,
+        auto kernel = t.aligned() ? lamb_kernel<G, N> : lamb_kernel<G, 1>;
+        int per_sm = 1;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+        const int grid = int(std::min<int64_t>(2 * int64_t(blocks), int64_t(std::max(per_sm, 1)) * sms));
+        kernel<<<std::max(grid, 1), kThreads, 0, stream>>>(
+            q, a, partials, ratios, done, next, first ? new_step->untyped_data() : nullptr,
             step.element_type() == ffi::DataType::S64);
-        offset += blocks;
+        partials += blocks;  // each table's chunks, tensors and counter follow the previous one's
+        ratios += t.count;
+        done += t.count;
+        ++next;
       });
     }
   });
-  if (!ok || gt == ffi::DataType::F64) return invalid(op, "gradients must be f32, f16 or bf16");
-  return finish(op);
+  if (!ok) return invalid(op, "gradients must be f32, f16 or bf16");
+  return launched(op);
 }
 
 }  // namespace

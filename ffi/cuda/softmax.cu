@@ -29,6 +29,7 @@
 
 #include "jaxops/checks.h"
 #include "jaxops/cuda_elem.cuh"
+#include "jaxops/cuda_launch.h"
 #include "jaxops/registry.h"
 #include "jaxops/softmax.h"
 
@@ -745,11 +746,9 @@ ffi::Error handler(const char* op, cudaStream_t stream, ffi::AnyBuffer dy, ffi::
                          dx->reinterpret_data<T>(), stream);
   });
   if (!ok) return invalid(op, "unsupported dtype");
-  const cudaError_t last = cudaGetLastError();  // launch errors; also clears them
-  if (err == cudaSuccess) err = last;
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  ffi::Error last = launched(op);  // clears launch errors even when err already failed
+  if (err != cudaSuccess) return cuda_error(op, err);
+  return last;
 }
 
 ffi::Error softmax_grad_cuda(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,

@@ -199,8 +199,15 @@ _SGD_V2 = Op("sgd_optimizer_v2", shape=_sgd_shape, reference=_sgd_ref,
 
 
 # LAMB: operands (signal, loss_scale, norm, R, step, hyper [count, 5], w..., g..., m1..., m2...)
-#   -> (new_step, w..., new_g..., m1..., m2...); f32 weights and moments, one gradient dtype.
-def _lamb_shape(signal, loss_scale, norm, lr, step, hyper, *tensors, count, **attrs):
+#   -> (new_step, w..., new_g..., m1..., m2...), no new_g lists when new_gradients is 0; f32
+#   weights and moments, one gradient dtype.
+def _lamb_lists(new_gradients):
+    """The operand lists that come back as results, in order."""
+    return (0, 1, 2, 3) if new_gradients else (0, 2, 3)
+
+
+def _lamb_shape(signal, loss_scale, norm, lr, step, hyper, *tensors, count, new_gradients,
+                **attrs):
     _one(signal, "update_signal", (jnp.bool_,), "bool")
     for x, label in ((loss_scale, "loss_scale"), (norm, "gradient_norm"), (lr, "R")):
         _one(x, label, (jnp.float32,), "float32")
@@ -212,11 +219,12 @@ def _lamb_shape(signal, loss_scale, norm, lr, step, hyper, *tensors, count, **at
     if count and lists[0][0].dtype != jnp.float32:
         raise TypeError(f"the LAMB kernel takes float32 weights, got {lists[0][0].dtype}")
     return (jax.ShapeDtypeStruct(step.shape, step.dtype),
-            *[jax.ShapeDtypeStruct(x.shape, x.dtype) for xs in lists for x in xs])
+            *[jax.ShapeDtypeStruct(x.shape, x.dtype) for k in _lamb_lists(new_gradients)
+              for x in lists[k]])
 
 
 def _lamb_ref(signal, loss_scale, norm, lr, step, hyper, *tensors, count, ratio_min, ratio_max,
-              do_bias_correction, has_step, has_norm):
+              do_bias_correction, has_step, has_norm, new_gradients):
     lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
     groups = [(w, g, m1, m2, None) for w, g, m1, m2 in zip(*lists)]
     cols = [[hyper[i, k] for i in range(count)] for k in range(5)]
@@ -226,7 +234,7 @@ def _lamb_ref(signal, loss_scale, norm, lr, step, hyper, *tensors, count, ratio_
         ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
     if not has_step:
         new_step = step
-    return (new_step, *[o[k] for k in range(4) for o in outs])
+    return (new_step, *[o[k] for k in _lamb_lists(new_gradients) for o in outs])
 
 
 def _lamb_batch(op, args, dims, **params):
@@ -236,20 +244,23 @@ def _lamb_batch(op, args, dims, **params):
     return out, (0,) * len(out)
 
 
-def _lamb_factors(*args, count, **params):
+def _lamb_factors(*args, count, new_gradients, **params):
     # norms need whole tensors: every tensor dim stays replicated
-    f = _tensor_factors(args, 6, count, 4, (4, 4))
+    f = _tensor_factors(args, 6, count, 4, (4, len(_lamb_lists(new_gradients))))
     return Factors(f.operands, f.results, tuple(dict.fromkeys(n for d in f.operands[6:] for n in d)))
 
 
 _LAMB = Op("lamb_optimizer", shape=_lamb_shape, reference=_lamb_ref, batch=_lamb_batch,
            target="jaxops_lamb_optimizer", multiple_results=True,
            ffi_attrs=lambda *a, count, ratio_min, ratio_max, do_bias_correction, has_step,
-           has_norm: {"count": np.int64(count), "ratio_min": np.float32(ratio_min),
-                      "ratio_max": np.float32(ratio_max),
-                      "do_bias_correction": np.int64(do_bias_correction),
-                      "has_step": np.int64(has_step), "has_norm": np.int64(has_norm)},
-           aliases=_aliases(6, (0, 1, 2, 3)), factors=_lamb_factors)
+           has_norm, new_gradients: {
+               "count": np.int64(count), "ratio_min": np.float32(ratio_min),
+               "ratio_max": np.float32(ratio_max),
+               "do_bias_correction": np.int64(do_bias_correction),
+               "has_step": np.int64(has_step), "has_norm": np.int64(has_norm),
+               "new_gradients": np.int64(new_gradients)},
+           aliases=lambda *a, new_gradients, **p: _aliases(6, _lamb_lists(new_gradients))(*a, **p),
+           factors=_lamb_factors)
 
 
 def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, update_signal=None,
@@ -366,12 +377,14 @@ def _per_group(value, n, name):
 
 def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, alpha=0.9,
                    beta=0.999, epsilon=1e-6, max_norm_clip=1.0, ratio_min=-np.inf,
-                   ratio_max=np.inf, do_bias_correction=1, **kwargs):
+                   ratio_max=np.inf, do_bias_correction=1, new_gradients=True, **kwargs):
     """ORT LambOptimizer. `groups` are ORT's variadic inputs, 5 per group: weights, gradients,
     moment1, moment2, mixed_precision_weights (None when absent). Per-group attributes
     (alpha, beta, lambda, epsilon, max_norm_clip) are lists (a scalar applies to every group);
     `lambda` (default 0) arrives in kwargs. Returns (new_step or None, then per group
     new_weights, new_gradients, new_moment_1, new_moment_2, new_mixed_precision_weights or None).
+    new_gradients=False (not an ORT attribute: the importer sets it when the graph leaves every
+    new_gradients output out) returns None for them, and the kernel does not write them.
 
     Per group: g /= s (as AdamOptimizer); m1, m2 as Adam; d = lambda*w + (m1/ac)/(sqrt(m2/bc)+eps)
     with ac, bc from step (1 when step is absent or <= 0, or without bias correction). Where d
@@ -422,11 +435,13 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, a
     kw = dict(ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
     if _lamb_kernel_fits(groups, R, loss_scale, gradient_norm):
         return _lamb_kernel(update_signal, loss_scale, gradient_norm, R, step, groups,
-                            np.stack([al, be, la, ep, mx], axis=1).astype(np.float32), **kw)
+                            np.stack([al, be, la, ep, mx], axis=1).astype(np.float32),
+                            new_gradients=bool(new_gradients), **kw)
     new_step, outs = ref.lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, groups,
                                         alpha=al, beta=be, lambda_=la, epsilon=ep,
                                         max_norm_clip=mx, **kw)
-    return (new_step, *[x for group in outs for x in group])
+    keep = (True, bool(new_gradients), True, True, True)
+    return (new_step, *[x if k else None for group in outs for x, k in zip(group, keep)])
 
 
 def _lamb_kernel_fits(groups, *scalars):
@@ -438,15 +453,18 @@ def _lamb_kernel_fits(groups, *scalars):
             and len(g_types) == 1 and g_types <= {jnp.dtype(t) for t in _FLOATS[:3]})
 
 
-def _lamb_kernel(signal, loss_scale, norm, R, step, groups, hyper, **kw):
+def _lamb_kernel(signal, loss_scale, norm, R, step, groups, hyper, new_gradients, **kw):
     count = len(groups)
     f32 = lambda x, default: jnp.reshape(jnp.asarray(default if x is None else x, jnp.float32), (1,))
     step_in = jnp.zeros((1,), jnp.int32) if step is None else step
     out = _LAMB(_signal(signal), f32(loss_scale, 1.0), f32(norm, 0.0), f32(R, 0.0), step_in,
                 jnp.asarray(hyper), *[g[k] for k in range(4) for g in groups], count=count,
-                has_step=int(step is not None), has_norm=int(norm is not None), **kw)
+                has_step=int(step is not None), has_norm=int(norm is not None),
+                new_gradients=int(new_gradients), **kw)
     new_step = None if step is None else out[0]
-    lists = [out[1 + k * count:1 + (k + 1) * count] for k in range(4)]
+    lists = [[None] * count for _ in range(4)]
+    for j, k in enumerate(_lamb_lists(new_gradients)):
+        lists[k] = out[1 + j * count:1 + (j + 1) * count]
     flat = []
     for i, (w, g, m1, m2, mpw) in enumerate(groups):
         new_mpw = None

@@ -134,7 +134,7 @@ def lamb(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, ep
                                  jnp.reshape(state.count + 1, (1,)), *groups, alpha=[b1] * n,
                                  beta=[b2] * n, epsilon=[eps] * n, max_norm_clip=[1.0] * n,
                                  ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=1,
-                                 **{"lambda": [weight_decay] * n})
+                                 new_gradients=False, **{"lambda": [weight_decay] * n})
         per = [out[1 + 5 * i:6 + 5 * i] for i in range(n)]
         new_state = LambState(state.count + 1, tree.unflatten([p[2] for p in per]),
                               tree.unflatten([p[3] for p in per]))

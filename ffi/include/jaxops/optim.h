@@ -218,7 +218,8 @@ auto bind_sgd(Binding b) {
 
 // LambOptimizer (f32 weights and moments; gradients f32/f16/bf16):
 // (update_signal, loss_scale, gradient_norm, R, step, hyper, weights..., grads..., m1..., m2...)
-//   -> (new_step, weights..., new_gradients..., m1..., m2...)
+//   -> (new_step, weights..., new_gradients..., m1..., m2...), without the new_gradients lists
+//   when the attribute new_gradients is 0 (a caller that drops them saves a write per element).
 // loss_scale, gradient_norm, R: one f32 each; step: one int32/int64; hyper: f32 [count, 5], per
 // tensor (alpha, beta, lambda, epsilon, max_norm_clip) (an operand: a per-tensor attribute
 // array would not fit JAX's hashable primitive params).
@@ -240,7 +241,15 @@ auto bind_lamb(Binding b) {
       .template Attr<float>("ratio_max")
       .template Attr<int64_t>("do_bias_correction")
       .template Attr<int64_t>("has_step")
-      .template Attr<int64_t>("has_norm");
+      .template Attr<int64_t>("has_norm")
+      .template Attr<int64_t>("new_gradients");
+}
+
+// The result list of LAMB's operand list k (0 weights, 1 gradients, 2 m1, 3 m2), or -1 for the
+// gradients when the new gradients are not returned.
+inline int64_t lamb_result_list(int64_t k, bool new_gradients) {
+  if (new_gradients || k == 0) return k;
+  return k == 1 ? -1 : k - 1;
 }
 
 // The per-tensor constants of LAMB from the scalar inputs (host or device values).
@@ -294,22 +303,23 @@ inline std::string check_lamb(const ffi::AnyBuffer& signal, const ffi::AnyBuffer
                               const ffi::AnyBuffer& norm, const ffi::AnyBuffer& lr,
                               const ffi::AnyBuffer& step, const ffi::AnyBuffer& new_step,
                               const ffi::AnyBuffer& hyper, const ffi::RemainingArgs& in,
-                              const ffi::RemainingRets& out, int64_t count) {
+                              const ffi::RemainingRets& out, int64_t count, bool new_gradients) {
   for (auto err : {check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
                    check_scalar(loss_scale, "loss_scale", ffi::DataType::F32, ffi::DataType::F32),
                    check_scalar(norm, "gradient_norm", ffi::DataType::F32, ffi::DataType::F32),
                    check_scalar(lr, "R", ffi::DataType::F32, ffi::DataType::F32),
                    check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
                    check_scalar(new_step, "new_step", step.element_type(), step.element_type()),
-                   check_lists(in, out, count, 4, 4)})
+                   check_lists(in, out, count, 4, new_gradients ? 4 : 3)})
     if (!err.empty()) return err;
   if (hyper.element_type() != ffi::DataType::F32 || int64_t(hyper.element_count()) != kHyper * count)
     return "hyper must be f32 [count, 5]";
   for (int64_t k = 0; k < 4 && count > 0; ++k) {
     const auto want = k == 1 ? in.get<ffi::AnyBuffer>(count)->element_type() : ffi::DataType::F32;
+    const int64_t r = lamb_result_list(k, new_gradients);
     for (int64_t i = 0; i < count; ++i)
       if (in.get<ffi::AnyBuffer>(k * count + i)->element_type() != want ||
-          (*out.get<ffi::AnyBuffer>(k * count + i))->element_type() != want)
+          (r >= 0 && (*out.get<ffi::AnyBuffer>(r * count + i))->element_type() != want))
         return "weights and moments must be float32, results of their operands' dtypes";
   }
   return {};

@@ -45,8 +45,14 @@ def _x_shape(op_type):
     return get
 
 
+def _lamb_gradients(ctx):
+    """LambOptimizer writes new gradients only where the graph names one (output 2 + 5i)."""
+    return {"new_gradients": any(ctx.output_used(i) for i in range(2, ctx.num_outputs, 5))}
+
+
 # Keywords some ops need from the graph itself, beyond the node's inputs and attributes.
 GRAPH_KEYWORDS = {
+    "LambOptimizer": _lamb_gradients,
     "ConvGrad": _requested(3),
     "ConvTransposeGrad": _requested(3),
     "DivGrad": _requested(2),

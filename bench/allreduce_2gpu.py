@@ -4,6 +4,7 @@ collective) against a plain `lax.psum` of each tensor and a psum of one concaten
 
     python -m bench.allreduce_2gpu                   # all local devices (2 GPUs: the target)
     python -m bench.allreduce_2gpu --dtype bf16 --reps 50
+    python -m bench.allreduce_2gpu --torch           # and PyTorch's NCCL on the same list
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m bench.allreduce_2gpu --quick
 
 Reported per variant: the number of all-reduce ops in the compiled HLO (XLA's combiner may
@@ -119,6 +120,61 @@ def run(quick=False, dtype="f32", reps=20, warmup=3, devices=None):
             "quick": quick, "rows": rows}
 
 
+def _torch_worker(rank, n, numel, shapes, dtype, reps, warmup, port, results):
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    flat = torch.randn(numel, device="cuda").to(tdt)
+    parts = list(torch.split(flat, [int(np.prod(s)) for s in shapes]))
+    variants = {"torch_one_buffer": lambda: dist.all_reduce(flat),
+                "torch_per_tensor": lambda: [dist.all_reduce(t) for t in parts]}
+    for name, fn in variants.items():
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        if rank == 0:
+            results.put((name, statistics.median(times)))
+    dist.destroy_process_group()
+
+
+def torch_rows(shapes, dtype, reps, n, warmup=3):
+    """PyTorch's NCCL on the same list, one process a GPU: one flat buffer (as ORT packs its
+    NcclAllReduce inputs) and one all_reduce per tensor; the same row fields as run()."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    numel = sum(int(np.prod(s)) for s in shapes)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    mp.start_processes(_torch_worker, args=(n, numel, shapes, dtype, reps, warmup, port, results),
+                       nprocs=n, start_method="spawn")
+    nbytes = numel * {"f32": 4, "bf16": 2, "f16": 2}[dtype]
+    rows = []
+    while not results.empty():
+        name, t = results.get()
+        algbw = nbytes / t / 1e9
+        rows.append({"variant": name, "all_reduce_ops": 1 if "one" in name else len(shapes),
+                     "time_ms": t * 1e3, "algbw_GBps": algbw,
+                     "busbw_GBps": algbw * 2 * (n - 1) / n})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.allreduce_2gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,11 +183,18 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--devices", type=int, help="use the first N devices (default: all)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--torch", action="store_true",
+                   help="also time PyTorch's NCCL on the same list (GPUs; one process each)")
     args = p.parse_args(argv)
     if len(jax.devices()[:args.devices] if args.devices else jax.devices()) < 2:
         sys.exit("needs at least 2 devices (on CPU: "
                  "XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+    peers = []
+    if args.torch:  # before jax takes the GPUs
+        shapes = gpt2_shapes(1000, 128, 64, 2) if args.quick else gpt2_shapes()
+        peers = torch_rows(shapes, args.dtype, args.reps, args.devices or len(jax.devices()))
     r = run(args.quick, args.dtype, args.reps, devices=args.devices)
+    r["rows"] += peers
     print(f"all-reduce of {r['tensors']} tensors, {r['params']:,} params {r['dtype']} "
           f"({r['bytes'] / 2**20:.1f} MiB) over {r['devices']} {r['device_kind']} device(s)")
     print(f"{'variant':<18}{'all-reduces':>12}{'time ms':>10}{'algbw GB/s':>12}{'busbw GB/s':>12}")

@@ -225,9 +225,11 @@ struct LambArgs {
 // fixed order (deterministic) and publishes the trust ratio; an update item waits for it. Norm
 // items never wait and precede their tensor's updates in the queue, so nothing can deadlock,
 // whatever the blocks' residency.
-// Measured on an H100 (GPT-2 small, ncu): the kernel moves its 11 accesses an element at 96% of
-// copy bandwidth, and the update's re-reads do not hit L2. Queueing updates sooner (no lead,
-// smaller chunks, last chunk first) made about half of them hit, but the waits cost more.
+// A norm item writes the new moments and d (the update direction, to scratch: 4 bytes a
+// parameter), so an update item reads w and d only: 10 accesses an element, not the 11 of
+// re-reading w, g, m1, m2. Measured on an H100 (GPT-2 small, ncu): the kernel runs at 99% of copy
+// bandwidth, and the update's re-reads do not hit L2. Queueing updates sooner (no lead, smaller
+// chunks, last chunk first) made about half of them hit, but the waits cost more.
 struct LambQueue {
   Table<5> t;
   int32_t first_item[3 * kMaxTensors + 1];  // prefix sums of the segments' items
@@ -236,14 +238,16 @@ struct LambQueue {
   int32_t segments;
 };
 
-// This thread's share of the sums of w^2 and d^2 over [begin, end) of tensor k.
+// This thread's share of the sums of w^2 and d^2 over [begin, end) of tensor k. It writes the
+// new moments (final: they do not depend on the trust ratio) and d, so the update reads 2
+// arrays, not 4.
 template <typename G, int N>
 __device__ __forceinline__ float2 lamb_chunk_norms(const Lamb<float>& c, const Table<5>& t, int k,
-                                                   int64_t begin, int64_t end) {
+                                                   float* d_out, int64_t begin, int64_t end) {
   const float* w = static_cast<const float*>(t.ptr[0][k]);
   const G* g = static_cast<const G*>(t.ptr[1][k]);
-  const float* m1 = static_cast<const float*>(t.ptr[2][k]);
-  const float* m2 = static_cast<const float*>(t.ptr[3][k]);
+  float* m1 = static_cast<float*>(t.ptr[2][k]);
+  float* m2 = static_cast<float*>(t.ptr[3][k]);
   float2 s = make_float2(0.f, 0.f);
   float wv[kUnroll][N], gv[kUnroll][N], n1[kUnroll][N], n2[kUnroll][N];
   for_chunk<N>(
@@ -254,55 +258,47 @@ __device__ __forceinline__ float2 lamb_chunk_norms(const Lamb<float>& c, const T
         load_n<decltype(n)::value>(m1, i, n1[u]);
         load_n<decltype(n)::value>(m2, i, n2[u]);
       },
-      [&](auto n, int64_t, int u) {
+      [&](auto n, int64_t i, int u) {
 #pragma unroll
         for (int j = 0; j < decltype(n)::value; ++j) {
-          const float d = c.direction(wv[u][j], gv[u][j], n1[u][j], n2[u][j]);
+          gv[u][j] = c.direction(wv[u][j], gv[u][j], n1[u][j], n2[u][j]);
           s.x += wv[u][j] * wv[u][j];
-          s.y += d * d;
+          s.y += gv[u][j] * gv[u][j];
         }
+        store_n<decltype(n)::value>(d_out, i, gv[u]);
+        store_n<decltype(n)::value>(m1, i, n1[u]);
+        store_n<decltype(n)::value>(m2, i, n2[u]);
       });
   return s;
 }
 
-// The update of [begin, end) of tensor k by its trust ratio.
+// The update of [begin, end) of tensor k from its d by the trust ratio.
 template <typename G, int N>
-__device__ __forceinline__ void lamb_chunk_update(const Lamb<float>& c, const Table<5>& t, int k,
-                                                  int64_t begin, int64_t end, float ratio) {
-  float* w = static_cast<float*>(t.ptr[0][k]);
-  const G* g = static_cast<const G*>(t.ptr[1][k]);
-  float* m1 = static_cast<float*>(t.ptr[2][k]);
-  float* m2 = static_cast<float*>(t.ptr[3][k]);
-  G* g_out = static_cast<G*>(t.ptr[4][k]);
-  float wv[kUnroll][N], gv[kUnroll][N], n1[kUnroll][N], n2[kUnroll][N];
+__device__ __forceinline__ void lamb_chunk_update(const Lamb<float>& c, float* w, const float* d,
+                                                  G* g_out, int64_t begin, int64_t end,
+                                                  float ratio) {
+  float wv[kUnroll][N], dv[kUnroll][N];
   for_chunk<N>(
       begin, end,
       [&](auto n, int64_t i, int u) {
         load_n<decltype(n)::value>(w, i, wv[u]);
-        load_n<decltype(n)::value>(g, i, gv[u]);  // g is read before g_out (which may alias it) is written
-        load_n<decltype(n)::value>(m1, i, n1[u]);
-        load_n<decltype(n)::value>(m2, i, n2[u]);
+        load_n<decltype(n)::value>(d, i, dv[u]);
       },
       [&](auto n, int64_t i, int u) {
 #pragma unroll
-        for (int j = 0; j < decltype(n)::value; ++j) {
-          const float d = c.direction(wv[u][j], gv[u][j], n1[u][j], n2[u][j]);
-          gv[u][j] = c.apply(wv[u][j], d, ratio);
-        }
-        if (g_out != nullptr) store_n<decltype(n)::value>(g_out, i, gv[u]);
+        for (int j = 0; j < decltype(n)::value; ++j) dv[u][j] = c.apply(wv[u][j], dv[u][j], ratio);
+        if (g_out != nullptr) store_n<decltype(n)::value>(g_out, i, dv[u]);
         store_n<decltype(n)::value>(w, i, wv[u]);
-        store_n<decltype(n)::value>(m1, i, n1[u]);
-        store_n<decltype(n)::value>(m2, i, n2[u]);
       });
 }
 
-// partials: one per chunk; ratios and done: one per tensor of the table (done counts finished
-// norm chunks, plus one once the ratio is out); next: the queue's counter. done and next start
-// at 0.
+// d: kChunk floats a chunk (tensor k's from chunk first_chunk[k]); partials: one per chunk;
+// ratios and done: one per tensor of the table (done counts finished norm chunks, plus one once
+// the ratio is out); next: the queue's counter. done and next start at 0.
 template <typename G, int N>
 __global__ void __launch_bounds__(kThreads)
-lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float2* partials, float* ratios,
-            unsigned* done, unsigned* next, void* new_step, bool new_step64) {
+lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float* d, float2* partials,
+            float* ratios, unsigned* done, unsigned* next, void* new_step, bool new_step64) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && new_step != nullptr) {
     const int64_t s = a.step_value() + ((*a.signal && a.has_step) ? 1 : 0);
     if (new_step64) *static_cast<int64_t*>(new_step) = s;
@@ -334,6 +330,7 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float2* partials, f
     const int64_t begin = int64_t(chunk) * kChunk, end = min(begin + kChunk, t.size[k]);
     if (k != prev) c = a.consts(t.id[k]);
     prev = k;
+    const int64_t offset = int64_t(t.first_chunk[k]) * kChunk;  // tensor k's d in d
     if (update) {
       if (threadIdx.x == 0) {
         while (*static_cast<volatile unsigned*>(done + k) <= chunks) __nanosleep(100);
@@ -341,10 +338,11 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float2* partials, f
         ratio_s = __ldcg(ratios + k);
       }
       __syncthreads();
-      lamb_chunk_update<G, N>(c, t, k, begin, end, ratio_s);
+      lamb_chunk_update<G, N>(c, static_cast<float*>(t.ptr[0][k]), d + offset,
+                              static_cast<G*>(t.ptr[4][k]), begin, end, ratio_s);
       continue;
     }
-    float2 s = block_sum(lamb_chunk_norms<G, N>(c, t, k, begin, end));
+    float2 s = block_sum(lamb_chunk_norms<G, N>(c, t, k, d + offset, begin, end));
     if (threadIdx.x == 0) {
       partials[t.first_chunk[k] + chunk] = s;
       __threadfence();  // the partial is visible before the count that announces it
@@ -370,8 +368,8 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float2* partials, f
 
 // Fills q's segments: the norms of tensor 0, `lead` more norm items, the update of tensor 0;
 // the rest of tensor 1's norms, `lead` more, the update of tensor 1; and so on. (GPT-2 small
-// on an H100: a lead of one item a resident block ran at 57-58% of copy, none at 53%; smaller
-// chunks were no faster.)
+// on an H100: a lead of one item a resident block ran at 64% of copy; none, 60%; a quarter,
+// 63%; two, 63%. Chunks smaller than kChunk were slower.)
 void queue_items(LambQueue& q, int32_t lead) {
   const Table<5>& t = q.t;
   q.segments = 0;
@@ -544,10 +542,12 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
   for (int64_t i = 0; i < count; ++i)
     chunks += (int64_t(in.get<ffi::AnyBuffer>(i)->element_count()) + kChunk - 1) / kChunk;
   const int64_t counters = count + count / kMaxTensors + 1;  // done per tensor, next per table
+  auto d_mem = scratch.Allocate(sizeof(float) * kChunk * std::max<int64_t>(chunks, 1), 16);
   auto part_mem = scratch.Allocate(sizeof(float2) * std::max<int64_t>(chunks, 1), alignof(float2));
   auto ratio_mem = scratch.Allocate(sizeof(float) * std::max<int64_t>(count, 1), alignof(float));
   auto count_mem = scratch.Allocate(sizeof(unsigned) * counters, alignof(unsigned));
-  if (!part_mem.has_value() || !ratio_mem.has_value() || !count_mem.has_value())
+  if (!d_mem.has_value() || !part_mem.has_value() || !ratio_mem.has_value() ||
+      !count_mem.has_value())
     return ffi::Error::Internal(std::string(op) + ": no scratch memory");
   unsigned* done = static_cast<unsigned*>(*count_mem);
   if (cudaError_t e = cudaMemsetAsync(done, 0, sizeof(unsigned) * counters, stream); e != cudaSuccess)
@@ -568,6 +568,7 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
   bool ok = dispatch_float(gt, [&](auto g_tag) {
     using G = decltype(g_tag);
     if constexpr (!std::is_same_v<G, double>) {
+      float* d = static_cast<float*>(*d_mem);
       float2* partials = static_cast<float2*>(*part_mem);
       float* ratios = static_cast<float*>(*ratio_mem);
       unsigned* next = done + count;
@@ -582,9 +583,10 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
         q.t = t;
         queue_items(q, int32_t(resident));  // one item a resident block
         kernel<<<std::max(grid, 1), kThreads, 0, stream>>>(
-            q, a, partials, ratios, done, next, first ? new_step->untyped_data() : nullptr,
+            q, a, d, partials, ratios, done, next, first ? new_step->untyped_data() : nullptr,
             step.element_type() == ffi::DataType::S64);
-        partials += blocks;  // each table's chunks, tensors and counter follow the previous one's
+        d += int64_t(blocks) * kChunk;  // each table's chunks, tensors and counter follow the
+        partials += blocks;             // previous one's
         ratios += t.count;
         done += t.count;
         ++next;

@@ -7,7 +7,8 @@ updated lists alias the input lists, so a caller who donates the buffers
 (`jax.jit(..., donate_argnums=...)`) updates them in place. lr, step and update_signal stay on
 the device: the kernel reads them itself.
 
-LambOptimizer runs a multi-tensor kernel too (two launches per step: norms, then the update).
+LambOptimizer runs a multi-tensor kernel too (one launch over a queue: each tensor's norms,
+then its update).
 AdamOptimizer and SGDOptimizer update one tensor per node and InplaceClipGradNorm is a norm
 plus one scale: XLA code, which fuses each into a loop or two per tensor.
 
@@ -394,7 +395,7 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, a
     delta. new_step = step + 1 (when step is given). update_signal False passes everything
     through and keeps step.
     f32 weights and moments with one gradient dtype (f32/f16/bf16) for all groups run the
-    multi-tensor kernel (two launches: per-chunk norm partials, then the update; deterministic);
+    multi-tensor kernel (one launch: per-chunk norm partials, then the update; deterministic);
     other dtype mixes, and vmap, run the reference as XLA code. Sharded tensors are gathered:
     the trust ratio needs each tensor's whole norm.
     """

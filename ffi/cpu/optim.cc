@@ -110,8 +110,9 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
                 int64_t count, float ratio_min, float ratio_max, int64_t correct, int64_t has_step,
                 int64_t has_norm, int64_t new_gradients) {
   const char* op = "lamb_optimizer";
+  const bool grads = new_gradients != 0;
   if (auto err = check_lamb(signal, loss_scale, norm, lr, step, *new_step, hyper, in, out, count,
-                            new_gradients != 0);
+                            grads);
       !err.empty())
     return invalid(op, err);
   const bool update = host_int(signal.untyped_data(), ffi::DataType::PRED) != 0;
@@ -122,13 +123,13 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
   for (int64_t i = 0; i < count; ++i) {
     auto result = [&](int64_t k) { return **out.get<ffi::AnyBuffer>(k * count + i); };
     for (int64_t k = 0; k < 4; ++k)
-      if (const int64_t r = lamb_result_list(k, new_gradients != 0); r >= 0)
+      if (const int64_t r = lamb_result_list(k, grads); r >= 0)
         copy_if_distinct(*in.get<ffi::AnyBuffer>(k * count + i), result(r));
     if (!update) continue;
     auto g = *in.get<ffi::AnyBuffer>(count + i);
     float* w = result(0).reinterpret_data<float>();
-    float* m1 = result(lamb_result_list(2, new_gradients != 0)).reinterpret_data<float>();
-    float* m2 = result(lamb_result_list(3, new_gradients != 0)).reinterpret_data<float>();
+    float* m1 = result(lamb_result_list(2, grads)).reinterpret_data<float>();
+    float* m2 = result(lamb_result_list(3, grads)).reinterpret_data<float>();
     const auto c = make_lamb<float>(hyper.reinterpret_data<float>() + kHyper * i,
                                     *lr.reinterpret_data<float>(),
                                     *loss_scale.reinterpret_data<float>(),
@@ -166,7 +167,7 @@ ffi::Error lamb(ffi::AnyBuffer signal, ffi::AnyBuffer loss_scale, ffi::AnyBuffer
           sd += dd[j];
         }
         const float ratio = c.ratio(std::sqrt(sw), std::sqrt(sd));
-        if (new_gradients) {
+        if (grads) {
           G* po = result(1).reinterpret_data<G>();
           for (k = 0; k < n; ++k) store(po, k, c.apply(pw[k], d[k], ratio));
         } else {

@@ -383,9 +383,7 @@ int elementwise_blocks(int64_t total) {
 
 ffi::Error finish(const char* op, bool dtype_ok, cudaError_t err) {
   if (!dtype_ok) return invalid(op, "unsupported dtype");
-  ffi::Error last = launched(op);  // clears launch errors even when err already failed
-  if (err != cudaSuccess) return cuda_error(op, err);
-  return last;
+  return launched(op, err);
 }
 
 template <int kMode>

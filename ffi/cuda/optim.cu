@@ -50,15 +50,21 @@ struct Table {
 // (more would take too many registers at kUnroll groups a thread).
 constexpr int group_size(int s, int t) { return std::min(4, 16 / std::max(s, t)); }
 
+// The last of the n ascending `starts` that is <= x (starts[0] <= x).
+__device__ __forceinline__ int last_at_or_before(const int32_t* starts, int n, int32_t x) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // The block's tensor and the element range [begin, end) of its chunk.
 template <int Lists>
 __device__ __forceinline__ int locate(const Table<Lists>& t, int64_t* begin, int64_t* end) {
   const int32_t chunk = int32_t(blockIdx.x);
-  int lo = 0, hi = t.count - 1;  // last tensor whose first_chunk <= chunk
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (t.first_chunk[mid] <= chunk) lo = mid; else hi = mid - 1;
-  }
+  const int lo = last_at_or_before(t.first_chunk, t.count, chunk);
   *begin = int64_t(chunk - t.first_chunk[lo]) * kChunk;
   *end = min(*begin + kChunk, t.size[lo]);
   return lo;
@@ -318,11 +324,7 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float* d, float2* p
     __syncthreads();
     const int32_t item = item_s;
     if (item >= items) return;
-    int lo = 0, hi = q.segments - 1;  // the item's segment: the last that starts at or before it
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (q.first_item[mid] <= item) lo = mid; else hi = mid - 1;
-    }
+    const int lo = last_at_or_before(q.first_item, q.segments, item);  // the item's segment
     const int k = q.segment[lo] >> 1;
     const bool update = q.segment[lo] & 1;
     const unsigned chunks = unsigned(t.first_chunk[k + 1] - t.first_chunk[k]);

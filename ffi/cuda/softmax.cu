@@ -746,9 +746,7 @@ ffi::Error handler(const char* op, cudaStream_t stream, ffi::AnyBuffer dy, ffi::
                          dx->reinterpret_data<T>(), stream);
   });
   if (!ok) return invalid(op, "unsupported dtype");
-  ffi::Error last = launched(op);  // clears launch errors even when err already failed
-  if (err != cudaSuccess) return cuda_error(op, err);
-  return last;
+  return launched(op, err);
 }
 
 ffi::Error softmax_grad_cuda(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,

@@ -41,7 +41,10 @@ SHAPES = [(5, 33), (0, 5)]
 
 
 def unary_inputs(rng, name, shape, dtype):
+    # |x| >= 0.05 keeps finite differences off the relu-family kink at 0 (check_grads once
+    # straddled it: 4713 against 0.37 for leaky_relu_grad, seed 4229017023)
     x = rng.standard_normal(shape) * 2
+    x = np.where(x < 0, -1, 1) * np.maximum(np.abs(x), 0.05)
     y = _Y.get(name.replace("_alpha", ""), lambda x: x)(x)
     return _normal(rng, shape, dtype), jnp.asarray(y, dtype)
 

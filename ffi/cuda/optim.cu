@@ -409,9 +409,10 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float* d, float2* p
     range(k, chunk, &begin, &end);
     if (k != prev) c = a.consts(t.id[k]);
     prev = k;
-    int free = -1;
+    float* kept = nullptr;  // the slot for w, then d
     if (kind == kKeptNorms) {
-      free = head + held >= kLambSlots ? head + held - kLambSlots : head + held;
+      const int free = head + held >= kLambSlots ? head + held - kLambSlots : head + held;
+      kept = slot(free);
       held_k[free] = k;
       held_chunk[free] = chunk;
       ++held;
@@ -438,7 +439,6 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float* d, float2* p
       tell();
       __syncthreads();
     } else {
-      float* kept = free >= 0 ? slot(free) : nullptr;  // w, then d
       const float2 part =
           kept ? lamb_chunk_norms<G, N>(c, t, k, kept + kLambChunk, kept, begin, begin, end)
                : lamb_chunk_norms<G, N>(c, t, k, spilled, nullptr, 0, begin, end);
@@ -447,7 +447,7 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float* d, float2* p
       if (threadIdx.x == 0) {
         if (s.x != s.x) s.x = __int_as_float(0x7fffffff);  // never kUnsummed
         if (s.y != s.y) s.y = __int_as_float(0x7fffffff);
-        if (free < 0) __threadfence();  // d is visible before the partial that announces it
+        if (!kept) __threadfence();  // d is visible before the partial that announces it
         __stcg(partials + t.first_chunk[k] + chunk, s);
         atomicAdd(done + k, 1u);
       }
@@ -462,8 +462,9 @@ lamb_kernel(const __grid_constant__ LambQueue q, LambArgs a, float* d, float2* p
 // Fills q's segments, tensor by tensor: a kept tensor's norms; a spilled tensor's norms, `lead`
 // more norm items (of the next tensors), then its update. Needs q.t and q.chunk. (GPT-2 small on an H100, all tensors
 // spilled: a lead of one item a resident block ran at 64% of copy; none, 60%.)
-int64_t queue_items(LambQueue& q, const bool* kept, int32_t lead) {
+int64_t queue_items(LambQueue& q, int32_t lead) {
   const Table<5>& t = q.t;
+  auto kept = [&](int k) { return q.chunk[k] == kLambChunk; };
   q.segments = 0;
   int32_t item = 0;
   int64_t spilled = 0;
@@ -481,7 +482,7 @@ int64_t queue_items(LambQueue& q, const bool* kept, int32_t lead) {
     while (nk < t.count && n != 0) {
       const int32_t left = chunks(nk) - nchunk;
       const int32_t take = n > 0 ? std::min(n, left) : left;
-      add(nk, kept[nk] ? kKeptNorms : kSpilledNorms, nchunk, take);
+      add(nk, kept(nk) ? kKeptNorms : kSpilledNorms, nchunk, take);
       nchunk += take;
       if (n > 0) n -= take;
       if (nchunk == chunks(nk)) {
@@ -494,7 +495,7 @@ int64_t queue_items(LambQueue& q, const bool* kept, int32_t lead) {
   for (int k = 0; k < t.count; ++k) {
     q.spill_first[k] = spilled;
     if (nk <= k) norms(-1);  // the rest of tensor k's norms
-    if (kept[k]) continue;
+    if (kept(k)) continue;
     spilled += int64_t(chunks(k)) * q.chunk[k];
     norms(lead);
     add(k, kSpilledUpdate, 0, chunks(k));
@@ -694,14 +695,10 @@ ffi::Error lamb(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuff
       float2* partials = static_cast<float2*>(*part_mem);
       unsigned* next = done + count;
       LambQueue q;
-      bool kept[kMaxTensors];
       for_groups<5>(count, in, ptrs, chunk_of, [&](const Table<5>& t, int32_t blocks, bool first) {
         q.t = t;
-        for (int k = 0; k < t.count; ++k) {
-          q.chunk[k] = int32_t(chunk_of(t.size[k]));
-          kept[k] = q.chunk[k] == kLambChunk;
-        }
-        const int64_t spilled_here = queue_items(q, kept, int32_t(resident));  // lead: an item a block
+        for (int k = 0; k < t.count; ++k) q.chunk[k] = int32_t(chunk_of(t.size[k]));
+        const int64_t spilled_here = queue_items(q, int32_t(resident));  // lead: an item a block
         const int grid = int(std::min<int64_t>(2 * int64_t(blocks), resident));
         pick(t.aligned())<<<std::max(grid, 1), kThreads, smem, stream>>>(
             q, a, d, partials, done, next, first ? new_step->untyped_data() : nullptr,

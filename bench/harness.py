@@ -8,12 +8,19 @@ A run measures the device's copy bandwidth first, then, for every `Case`, in one
   torch   PyTorch eager, when torch is importable and jax and torch both run on CUDA
           (the inputs are shared with jax through DLPack, not copied).
 
-Each output is checked once against the case's f32 reference before it is timed. Timing: a
-few warm-up calls, then the median wall time of single calls, each followed by a sync
-(`block_until_ready` / `torch.cuda.synchronize`), the calls rotating over >= 2 input sets
-whose total size exceeds the L2 cache. Two more figures go to the JSON only: "pipelined"
-(a burst of calls, one sync at the end, wall time / calls: hides dispatch and sync costs) and,
-for torch, CUDA-event times of single calls.
+Each output is checked once against the case's f32 reference before it is timed. The inputs
+rotate over K >= 2 sets whose total size exceeds the L2 cache. The headline time of a call:
+
+  jax     K calls, one per input set, inside one jitted executable, in bursts of executions
+          with one sync at the end: time / calls. Inside a jitted training step an op pays no
+          per-executable cost; a jitted call of its own does (on an H100 about 10 us of GPU
+          time per call beyond its kernel, measured against Nsight Compute's kernel time).
+          Stateful cases (optimizer steps updating donated buffers) run several steps per call
+          and are timed in bursts of calls.
+  torch   CUDA-event time of single calls launched back to back.
+
+More figures go to the JSON: "synced_us" (single calls, each followed by a sync: adds the
+dispatch and the sync) and "pipelined_us" (a burst of separate calls, one sync at the end).
 """
 from __future__ import annotations
 
@@ -93,12 +100,13 @@ class Settings:
     warmup: int
     pipe_s: float    # target length of one pipelined burst
     pipe_trials: int
+    in_one_bytes: int  # memory the input sets of the one-executable timing may take
 
     @classmethod
     def make(cls, quick: bool, budget_s: float | None = None):
         if quick:
-            return cls(True, 16 * MiB, 5, 50, budget_s or 0.02, 2, 0.005, 2)
-        return cls(False, 1 * GiB, 25, 400, budget_s or 0.4, 5, 0.03, 5)
+            return cls(True, 16 * MiB, 5, 50, budget_s or 0.02, 2, 0.005, 2, 0)
+        return cls(False, 1 * GiB, 25, 400, budget_s or 0.4, 5, 0.1, 5, 8 * GiB)
 
 
 # ----------------------------------------------------------------------------------------
@@ -217,12 +225,36 @@ def time_calls(call: Callable, sync: Callable, argsets: list, s: Settings) -> di
         pipe.append((time.perf_counter() - t0) / burst)
         del out
     q = np.quantile(samples, [0.1, 0.9])
-    # "us", the headline: device throughput (a burst, one sync), as CUDA events time torch;
-    # "synced_us" adds jax's per-call dispatch and sync, which a jitted training step amortises.
+    # "us": device throughput (a burst, one sync); "synced_us" adds the per-call dispatch and
+    # sync, which a jitted training step amortises.
     return {"us": statistics.median(pipe) * 1e6, "synced_us": med * 1e6,
             "min_us": min(samples) * 1e6, "p10_us": q[0] * 1e6,
             "p90_us": q[1] * 1e6, "reps": len(samples), "pipelined_us": statistics.median(pipe) * 1e6,
             "pipelined_burst": burst}
+
+
+def time_in_one(fn: Callable, argsets: list, s: Settings) -> dict:
+    """Time per call of fn when one executable calls it once per input set (a training step's
+    view: no per-executable cost per op); bursts of executions, one sync each."""
+    k = len(argsets)
+    many = jax.jit(lambda sets: [fn(*a) for a in sets])
+    for _ in range(s.warmup):
+        _jax_sync(many(argsets))
+    t0 = time.perf_counter()
+    _jax_sync(many(argsets))
+    one = time.perf_counter() - t0
+    burst = max(2, min(100, math.ceil(s.pipe_s / max(one, 1e-7))))
+    times = []
+    for _ in range(s.pipe_trials):
+        out = None
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            out = many(argsets)
+        _jax_sync(out)
+        times.append((time.perf_counter() - t0) / (burst * k))
+        del out
+    return {"in_one_us": statistics.median(times) * 1e6, "in_one_calls": k,
+            "in_one_burst": burst}
 
 
 def torch_event_us(torch, call: Callable, argsets: list, reps: int) -> float:
@@ -313,11 +345,13 @@ def _torch_to_jax(t):
         return jnp.asarray(t.float().cpu().numpy())
 
 
-def n_input_sets(set_bytes: int, l2: int, quick: bool) -> int:
-    """>= 2 sets whose total is at least twice the L2 cache (quick runs: 2 sets)."""
-    if quick:
+def n_input_sets(set_bytes: int, l2: int, s: Settings) -> int:
+    """>= 2 sets whose total is at least twice the L2 cache, and up to 8 (K calls share one
+    executable's cost in `time_in_one`) while they fit in s.in_one_bytes. Quick runs: 2."""
+    if s.quick:
         return 2
-    return int(min(16, max(2, math.ceil(2 * l2 / max(set_bytes, 1)))))
+    fit = s.in_one_bytes // max(set_bytes, 1)
+    return int(min(16, max(2, math.ceil(2 * l2 / max(set_bytes, 1)), min(8, fit))))
 
 
 def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print) -> dict:
@@ -330,7 +364,7 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
     make = jax.jit(case.make_inputs)
     first = make(jax.random.key(1))
     set_bytes = sum(a.size * a.dtype.itemsize for a in first)
-    n = n_input_sets(set_bytes, l2, s.quick)
+    n = n_input_sets(set_bytes, l2, s)
     argsets = [first] + [make(jax.random.key(1 + i)) for i in range(1, n)]
     jax.block_until_ready(argsets)
     res["input_sets"] = n
@@ -351,11 +385,16 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
 
     def run_jax(label, fn):
         try:
-            f = fn if getattr(fn, "stateful", False) else jax.jit(fn)
+            stateful = getattr(fn, "stateful", False)
+            f = fn if stateful else jax.jit(fn)
             out = f(*argsets[0])
             err = float(err_fn(out, ref))
             del out
-            rec = record(label, time_calls(f, _jax_sync, argsets, s), err, case.tol)
+            timing = time_calls(f, _jax_sync, argsets, s)
+            if not stateful:
+                timing.update(time_in_one(fn, argsets, s))
+                timing["us"] = timing["in_one_us"]
+            rec = record(label, timing, err, case.tol)
             log(f"    {label:12s} {rec['us']:10.1f} us  {rec['gbps']:7.1f} GB/s  "
                 f"{rec['pct_copy']:5.1f}%  err {err:.1e}{'' if rec['correct'] else '  FAILS CHECK'}")
         except Exception as e:
@@ -457,9 +496,10 @@ def table(report: dict) -> str:
         "",
         f"jax {env['jax']}, jaxlib {env['jaxlib']}, {torch_txt}, jaxops {env['jaxops']}"
         f" ({env['jaxops_git'] or 'no git'}); copy bandwidth {copy['bytes_per_s'] / 1e9:.0f} GB/s"
-        f" ({copy['method']}, read+write). Cells: µs / GB/s / % of copy; jax: median over bursts of"
-        f" calls with one sync (device throughput), torch: median CUDA-event time; inputs rotated"
-        f" over ≥2 sets > L2; bytes = read dY + read Y + write dX.",
+        f" ({copy['method']}, read+write). Cells: µs / GB/s / % of copy; jax: one call per input"
+        f" set inside one executable, median over bursts of executions with one sync (optimizer"
+        f" steps: bursts of calls); torch: median CUDA-event time; inputs rotated over ≥2 sets >"
+        f" L2; bytes: what the op must read and write (see bench/<family>.py).",
     ]
     if env["env"].get("JAXOPS_DISABLE"):
         lines.append(f"**WARNING: JAXOPS_DISABLE={env['env']['JAXOPS_DISABLE']}: the jaxops "
@@ -489,14 +529,15 @@ def table(report: dict) -> str:
             elif rec.get("status") == "ok" and not rec["correct"]:
                 notes.setdefault(f"{label}: max rel err {rec['max_rel_err']:.2e} > tol"
                                  f" {rec['tol']:.0e}", []).append(r["name"])
-    lines += ["", "With per-call overhead: median µs of single calls each followed by a sync",
+    lines += ["", "One call a jitted executable (µs): a burst of calls with one sync / a single call"
+              " followed by a sync (adds the dispatch and the sync)",
               "", "| case | jaxops | XLA | torch |", "|---|---:|---:|---:|"]
     for r in results:
         def pipe(label):
             rec = _timed(r, label)
             if rec is None:
                 return "–"
-            return f"{rec['synced_us']:.1f}"
+            return f"{rec['pipelined_us']:.1f} / {rec['synced_us']:.1f}"
         lines.append(f"| {r['name']} | {pipe('jaxops')} | {pipe('xla')} | {pipe('torch')} |")
     rel = [r for r in results if r.get("baseline")]
     if rel:

@@ -11,12 +11,11 @@ A run measures the device's copy bandwidth first, then, for every `Case`, in one
 Each output is checked once against the case's f32 reference before it is timed. The inputs
 rotate over K >= 2 sets whose total size exceeds the L2 cache. The headline time of a call:
 
-  jax     K calls, one per input set, inside one jitted executable, in bursts of executions
-          with one sync at the end: time / calls. Inside a jitted training step an op pays no
-          per-executable cost; a jitted call of its own does (on an H100 about 10 us of GPU
-          time per call beyond its kernel, measured against Nsight Compute's kernel time).
-          Stateful cases (optimizer steps updating donated buffers) run several steps per call
-          and are timed in bursts of calls.
+  jax     K calls, one per input set, one after another inside one jitted executable (as
+          ops of a training step: no per-executable cost each; nothing fused across calls),
+          in bursts of executions with one sync at the end: time / calls. Stateful cases
+          (optimizer steps updating donated buffers) run several steps per call and are timed
+          in bursts of calls.
   torch   CUDA-event time of single calls launched back to back.
 
 More figures go to the JSON: "synced_us" (single calls, each followed by a sync: adds the
@@ -237,7 +236,18 @@ def time_in_one(fn: Callable, argsets: list, s: Settings) -> dict:
     """Time per call of fn when one executable calls it once per input set (a training step's
     view: no per-executable cost per op); bursts of executions, one sync each."""
     k = len(argsets)
-    many = jax.jit(lambda sets: [fn(*a) for a in sets])
+
+    def chained(sets):
+        # The barrier makes each call's inputs wait for the previous output: the calls run
+        # one after another and XLA fuses nothing across them.
+        outs = []
+        for a in sets:
+            if outs:
+                a, _ = jax.lax.optimization_barrier((tuple(a), outs[-1]))
+            outs.append(fn(*a))
+        return outs
+
+    many = jax.jit(chained)
     for _ in range(s.warmup):
         _jax_sync(many(argsets))
     t0 = time.perf_counter()

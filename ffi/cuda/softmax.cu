@@ -24,6 +24,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -482,6 +483,7 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
 struct DeviceInfo {
   int id = -1, sms = 0, cc_major = 0;
   int64_t smem_budget = 0;  // dynamic shared memory a block may use with two blocks an SM
+  int64_t l2_bytes = 0;
 };
 
 // The current device's properties, queried once per device.
@@ -495,19 +497,21 @@ cudaError_t device_info(DeviceInfo* out) {
     *out = cache[dev];
     return cudaSuccess;
   }
-  int sms = 0, major = 0, per_sm = 0, optin = 0, reserved = 0;
+  int sms = 0, major = 0, per_sm = 0, optin = 0, reserved = 0, l2 = 0;
   const std::pair<int*, cudaDeviceAttr> attrs[] = {
       {&sms, cudaDevAttrMultiProcessorCount},
       {&major, cudaDevAttrComputeCapabilityMajor},
       {&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
       {&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
-      {&reserved, cudaDevAttrReservedSharedMemoryPerBlock}};
+      {&reserved, cudaDevAttrReservedSharedMemoryPerBlock},
+      {&l2, cudaDevAttrL2CacheSize}};
   for (const auto& [value, attr] : attrs)
     if (cudaError_t e = cudaDeviceGetAttribute(value, attr, dev); e != cudaSuccess) return e;
   DeviceInfo info;
   info.id = dev;
   info.sms = imax(sms, 1);
   info.cc_major = major;
+  info.l2_bytes = l2;
   // 1 KB is left for the kernels' static shared memory.
   info.smem_budget = imax<int64_t>(0, imin(optin, per_sm / 2 - reserved) - 1024);
   if (int(cache.size()) <= dev) cache.resize(dev + 1);
@@ -645,6 +649,86 @@ cudaError_t launch_row_smem(const View& v, const DeviceInfo& dev, const T* dy, c
   return e;
 }
 
+// col_kernel's shared-memory cache: `budget` k of `k_bytes` each after `red_bytes` of sums.
+struct ColCache {
+  int64_t budget, k_bytes, red_bytes;
+  int64_t ncache(int64_t n, int csize) const { return imin(ceil_div(n, csize), budget); }
+  size_t smem(int64_t n, int csize) const { return size_t(red_bytes + ncache(n, csize) * k_bytes); }
+};
+
+// Clusters of csize blocks that fit on the device at once (0 when the query fails; its error
+// is cleared so that the handler's launch check does not report it).
+template <typename Kernel>
+int active_clusters(Kernel kernel, dim3 block, size_t smem, int csize, const DeviceInfo& dev) {
+  int n = 0;
+  if (csize == 1) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, int(block.x * block.y), smem)) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n * dev.sms;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(csize));
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(csize);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// col_kernel's cluster size: the fewest waves of clusters (slabs / clusters that fit at once),
+// provided the uncached k that one wave's blocks re-read fit in L2; among those, the largest
+// size (more of each block's k cached; more blocks when slabs are few). Measured on an H100
+// (2026-11-22, axis 1, sizes 1-8): bf16 [64,4096,64] softmax runs one wave at size 3 (64 of
+// 79 clusters; 46 MB re-read) in 59 us against 63 at the older rule's 5 and 68 at 4 (62
+// clusters fit: two waves); f32 at 3 re-reads 56 MB and takes 117 us against 97 at 5.
+// The choice is cached per kernel, block, n and slabs: the queries cost microseconds.
+template <typename Kernel>
+int col_cluster(Kernel kernel, dim3 block, int64_t slabs, int64_t n, const ColCache& c,
+                const DeviceInfo& dev) {
+  struct Key {
+    int dev;
+    const void* kernel;
+    unsigned bx, by;
+    int64_t n, slabs;
+    bool operator==(const Key& o) const {
+      return dev == o.dev && kernel == o.kernel && bx == o.bx && by == o.by && n == o.n &&
+             slabs == o.slabs;
+    }
+  };
+  static std::mutex mu;
+  static std::vector<std::pair<Key, int>> chosen;
+  const Key key{dev.id, reinterpret_cast<const void*>(kernel), block.x, block.y, n, slabs};
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [k, size] : chosen)
+    if (k == key) return size;
+  int best = 1;
+  std::tuple<bool, int64_t, int> best_rank{true, INT64_MAX, 0};  // (too big for L2, waves, -size)
+  const int64_t cap = imin<int64_t>(kMaxCluster, imax<int64_t>(1, n / block.y));
+  for (int size = 1; size <= cap; ++size) {
+    const int active = active_clusters(kernel, block, c.smem(n, size), size, dev);
+    if (active <= 0) continue;
+    const int64_t uncached = ceil_div(n, size) - c.ncache(n, size);  // k a block re-reads
+    const int64_t reread = imin<int64_t>(slabs, active) * size * uncached * c.k_bytes;
+    const std::tuple<bool, int64_t, int> rank{reread > dev.l2_bytes, ceil_div(slabs, active),
+                                              -size};
+    if (rank < best_rank) best_rank = rank, best = size;
+  }
+  if (chosen.size() >= 64) chosen.clear();
+  chosen.emplace_back(key, best);
+  return best;
+}
+
 // col_kernel's block: tile width tx packs (a 128-byte line a k where inner allows, wider when
 // n is small), ty thread rows (at most n, a power of two); tx * ty <= kSmemThreads.
 struct ColShape { int tx = 1, ty = 1; int64_t tiles = 1; };
@@ -669,27 +753,19 @@ cudaError_t launch_col(const View& v, const ColShape& sh, const DeviceInfo& dev,
   const int64_t k_bytes = w * int64_t(sizeof(T)) * (kSumReadsY<Math> ? 2 : 1);  // one cached k
   const int64_t budget = imax<int64_t>(0, (dev.smem_budget - red_bytes) / k_bytes);  // cacheable k
   const int64_t slabs = v.outer * sh.tiles;
-  auto run = [&](bool clusters) {
-    int csize = 1;
-    if (clusters) {
-      int fit = 1;
-      // Half of each block's k cached (the rest re-read from L2) and one block an SM beat
-      // caching all of it over larger clusters (H100, [64,4096,64] axis 1: bf16 softmax
-      // 64 against 76 us, log-softmax 49 against 61 us; f32 [256,512,128]: 84 against 105 us).
-      while (fit < kMaxCluster && ceil_div(v.n, fit) > 2 * budget) ++fit;
-      csize = pick_cluster(fit, slabs, v.n / sh.ty, 1, dev);
-    }
-    const int64_t chunk = ceil_div(v.n, csize);
-    const int64_t ncache = imin(chunk, budget);
+  const dim3 block(sh.tx, sh.ty);
+  const ColCache cache{budget, k_bytes, red_bytes};
+  const int csize = dev.cc_major >= 9 ? col_cluster(kernel, block, slabs, v.n, cache, dev) : 1;
+  auto run = [&](int csize) {
     const int64_t blocks = imin<int64_t>(slabs, INT_MAX / csize) * csize;
-    return launch_clustered(kernel, dim3(unsigned(blocks)), dim3(sh.tx, sh.ty),
-                            size_t(red_bytes + ncache * k_bytes), csize, stream, dy, y, dx, v.outer,
-                            v.n, v.inner, sh.tiles, csize, chunk, ncache);
+    return launch_clustered(kernel, dim3(unsigned(blocks)), block, cache.smem(v.n, csize), csize,
+                            stream, dy, y, dx, v.outer, v.n, v.inner, sh.tiles, csize,
+                            ceil_div(v.n, csize), cache.ncache(v.n, csize));
   };
-  cudaError_t e = run(dev.cc_major >= 9);
-  if (e != cudaSuccess && dev.cc_major >= 9) {
+  cudaError_t e = run(csize);
+  if (e != cudaSuccess && csize > 1) {
     cudaGetLastError();  // the clusters could not be placed: one block a slab
-    e = run(false);
+    e = run(1);
   }
   return e;
 }

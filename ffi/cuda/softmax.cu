@@ -263,12 +263,14 @@ row_reg_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict_
     const int64_t base = o * n * inner + (row - o * inner);
     // Every slot loads (element 0 stands in for slots past the row) so that all the loads
     // are issued before the first use; the stand-ins are zeroed, adding nothing to the sum.
+    // Read once, yet through the read-only path rather than evict-first: 1% faster on an
+    // H100 at [8192,4096] (f32 138.3 -> 136.5 us, bf16 71.2 -> 70.2 us, LogSoftmaxGrad).
     Item<T, V> it[PPT];
 #pragma unroll
     for (int j = 0; j < PPT; ++j) {
       const int64_t k = x + int64_t(j) * tpr;
       const bool ok = live && k < npacks;
-      it[j] = load_item<V, true, true>(dy, y, ok ? base + k * step : 0);
+      it[j] = load_item<V, false, true>(dy, y, ok ? base + k * step : 0);
       if (!ok) it[j] = Item<T, V>{};
     }
     A s = 0;

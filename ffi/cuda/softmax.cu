@@ -538,23 +538,32 @@ cudaError_t prepare_smem_kernel(Kernel kernel, const DeviceInfo& dev, std::atomi
   return e;
 }
 
-// Launches with clusters of csize consecutive blocks (csize > 1 needs sm_90).
+// A launch configuration with clusters of csize consecutive blocks (csize > 1 needs sm_90).
+// cfg points into the object itself: not copyable.
+struct ClusterConfig {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  ClusterConfig(dim3 grid, dim3 block, size_t smem, int csize, cudaStream_t stream) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(csize);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = csize > 1 ? 1 : 0;
+  }
+  ClusterConfig(const ClusterConfig&) = delete;
+  ClusterConfig& operator=(const ClusterConfig&) = delete;
+};
+
 template <typename... Params, typename... Args>
 cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                              int csize, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(csize);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = csize > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  const ClusterConfig c(grid, block, smem, csize, stream);
+  return cudaLaunchKernelEx(&c.cfg, kernel, args...);
 }
 
 int pow2_ceil(int64_t x, int cap) {  // the smallest power of two >= x, at most cap
@@ -610,8 +619,8 @@ cudaError_t launch_reg(const RegConfig& rc, int64_t rows, int64_t n, int64_t inn
   return cudaErrorInvalidValue;  // not reached: pick_reg_config keeps to kRegMaxData
 }
 
-// Cluster size for `items` independent slabs (rows or column tiles): at least `fit` (the
-// caller's share of the slab cached, up to kMaxCluster), more while there are fewer than
+// row_smem_kernel's cluster size for `items` independent rows: at least `fit` (the caller's
+// share of the row cached, up to kMaxCluster), more while there are fewer than
 // `per_sm` blocks an SM, but not beyond `useful` (so every block has work for its threads).
 int pick_cluster(int fit, int64_t items, int64_t useful, int per_sm, const DeviceInfo& dev) {
   const int64_t fill = items < per_sm * dev.sms ? ceil_div(per_sm * dev.sms, items) : 1;
@@ -670,18 +679,8 @@ int active_clusters(Kernel kernel, dim3 block, size_t smem, int csize, const Dev
     }
     return n * dev.sms;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(csize));
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(csize);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+  const ClusterConfig c(dim3(unsigned(csize)), block, smem, csize, nullptr);
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &c.cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }

@@ -485,6 +485,7 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
 struct DeviceInfo {
   int id = -1, sms = 0, cc_major = 0;
   int64_t smem_budget = 0;  // dynamic shared memory a block may use with two blocks an SM
+  int64_t smem_alone = 0;   // ... with one block an SM
   int64_t l2_bytes = 0;
 };
 
@@ -516,21 +517,23 @@ cudaError_t device_info(DeviceInfo* out) {
   info.l2_bytes = l2;
   // 1 KB is left for the kernels' static shared memory.
   info.smem_budget = imax<int64_t>(0, imin(optin, per_sm / 2 - reserved) - 1024);
+  info.smem_alone = imax<int64_t>(0, imin(optin, per_sm - reserved) - 1024);
   if (int(cache.size()) <= dev) cache.resize(dev + 1);
   cache[dev] = info;
   *out = info;
   return cudaSuccess;
 }
 
-// Raises a shared-memory kernel's dynamic shared memory limit to the budget (and asks for the
-// largest carveout), once per device; `done` is the kernel's bitmask of prepared devices.
+// Raises a shared-memory kernel's dynamic shared memory limit to what a block alone on an SM
+// may use (and asks for the largest carveout), once per device; `done` is the kernel's bitmask
+// of prepared devices.
 template <typename Kernel>
 cudaError_t prepare_smem_kernel(Kernel kernel, const DeviceInfo& dev, std::atomic<uint64_t>& done) {
   const uint64_t bit = dev.id < 64 ? uint64_t(1) << dev.id : 0;
   if (bit != 0 && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
   // Never below the 48 KB default: col_kernel's reduction buffer alone may need up to 33 KB.
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(imax<int64_t>(dev.smem_budget, 48 * 1024)));
+                                       int(imax<int64_t>(dev.smem_alone, 48 * 1024)));
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              int(cudaSharedmemCarveoutMaxShared));
@@ -687,16 +690,21 @@ int active_clusters(Kernel kernel, dim3 block, size_t smem, int csize, const Dev
   return n;
 }
 
-// col_kernel's cluster size: the fewest waves of clusters (slabs / clusters that fit at once),
-// provided the uncached k that one wave's blocks re-read fit in L2; among those, the largest
-// size (more of each block's k cached; more blocks when slabs are few). Measured on an H100
-// (2026-11-22, axis 1, sizes 1-8): bf16 [64,4096,64] softmax runs one wave at size 3 (64 of
-// 79 clusters; 46 MB re-read) in 59 us against 63 at the older rule's 5 and 68 at 4 (62
-// clusters fit: two waves); f32 at 3 re-reads 56 MB and takes 117 us against 97 at 5.
-// The choice is cached per kernel, block, n and slabs: the queries cost microseconds.
+// col_kernel's cluster size and cache. A block that has an SM to itself caches about twice
+// the k: when that runs every slab in one wave of clusters with the uncached k in L2, the
+// largest such size wins (H100, axis 1 of [64,4096,64]: bf16 softmax 59.0 -> 54.5 us at size
+// 2). Otherwise, at two blocks an SM: the fewest waves of clusters, provided the uncached k
+// that one wave's blocks re-read fit in L2; among those, the largest size (more of each
+// block's k cached; more blocks when slabs are few). Measured on an H100 (2026-11-22, axis 1,
+// sizes 1-8): bf16 [64,4096,64] softmax runs one wave at size 3 (64 of 79 clusters; 46 MB
+// re-read) in 59 us against 63 at the older rule's 5 and 68 at 4 (62 clusters fit: two
+// waves); f32 at 3 re-reads 56 MB and takes 117 us against 97 at 5 (and 102 caching twice
+// as much a block in two waves). The choice is cached per kernel, block, n and slabs: the
+// queries cost microseconds.
+struct ColChoice { int csize = 1; bool alone = false; };
 template <typename Kernel>
-int col_cluster(Kernel kernel, dim3 block, int64_t slabs, int64_t n, const ColCache& c,
-                const DeviceInfo& dev) {
+ColChoice col_cluster(Kernel kernel, dim3 block, int64_t slabs, int64_t n, const ColCache& two,
+                      const ColCache& alone, const DeviceInfo& dev) {
   struct Key {
     int dev;
     const void* kernel;
@@ -708,22 +716,31 @@ int col_cluster(Kernel kernel, dim3 block, int64_t slabs, int64_t n, const ColCa
     }
   };
   static std::mutex mu;
-  static std::vector<std::pair<Key, int>> chosen;
+  static std::vector<std::pair<Key, ColChoice>> chosen;
   const Key key{dev.id, reinterpret_cast<const void*>(kernel), block.x, block.y, n, slabs};
   std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [k, size] : chosen)
-    if (k == key) return size;
-  int best = 1;
-  std::tuple<bool, int64_t, int> best_rank{true, INT64_MAX, 0};  // (too big for L2, waves, -size)
-  const int64_t cap = imin<int64_t>(kMaxCluster, imax<int64_t>(1, n / block.y));
-  for (int size = 1; size <= cap; ++size) {
-    const int active = active_clusters(kernel, block, c.smem(n, size), size, dev);
-    if (active <= 0) continue;
+  for (const auto& [k, choice] : chosen)
+    if (k == key) return choice;
+  // Bytes of uncached k that the blocks of one wave re-read.
+  auto reread = [&](const ColCache& c, int size, int active) {
     const int64_t uncached = ceil_div(n, size) - c.ncache(n, size);  // k a block re-reads
-    const int64_t reread = imin<int64_t>(slabs, active) * size * uncached * c.k_bytes;
-    const std::tuple<bool, int64_t, int> rank{reread > dev.l2_bytes, ceil_div(slabs, active),
-                                              -size};
-    if (rank < best_rank) best_rank = rank, best = size;
+    return imin<int64_t>(slabs, active) * size * uncached * c.k_bytes;
+  };
+  const int cap = int(imin<int64_t>(kMaxCluster, imax<int64_t>(1, n / block.y)));
+  ColChoice best;
+  bool found = false;
+  for (int size = cap; size >= 1 && !found; --size) {
+    const int active = active_clusters(kernel, block, alone.smem(n, size), size, dev);
+    if (active >= slabs && reread(alone, size, active) <= dev.l2_bytes)
+      best = {size, true}, found = true;
+  }
+  std::tuple<bool, int64_t, int> best_rank{true, INT64_MAX, 0};  // (too big for L2, waves, -size)
+  for (int size = 1; size <= cap && !found; ++size) {
+    const int active = active_clusters(kernel, block, two.smem(n, size), size, dev);
+    if (active <= 0) continue;
+    const std::tuple<bool, int64_t, int> rank{reread(two, size, active) > dev.l2_bytes,
+                                              ceil_div(slabs, active), -size};
+    if (rank < best_rank) best_rank = rank, best = {size, false};
   }
   if (chosen.size() >= 64) chosen.clear();
   chosen.emplace_back(key, best);
@@ -752,19 +769,22 @@ cudaError_t launch_col(const View& v, const ColShape& sh, const DeviceInfo& dev,
   const int64_t w = int64_t(sh.tx) * V;
   const int64_t red_bytes = (sh.ty / rows_per_warp(sh.tx, sh.ty) + 1) * w * int64_t(sizeof(acc_t<T>));
   const int64_t k_bytes = w * int64_t(sizeof(T)) * (kSumReadsY<Math> ? 2 : 1);  // one cached k
-  const int64_t budget = imax<int64_t>(0, (dev.smem_budget - red_bytes) / k_bytes);  // cacheable k
+  auto cacheable = [&](int64_t smem) { return imax<int64_t>(0, (smem - red_bytes) / k_bytes); };
+  const ColCache two{cacheable(dev.smem_budget), k_bytes, red_bytes};
+  const ColCache alone{cacheable(dev.smem_alone), k_bytes, red_bytes};
   const int64_t slabs = v.outer * sh.tiles;
   const dim3 block(sh.tx, sh.ty);
-  const ColCache cache{budget, k_bytes, red_bytes};
-  const int csize = dev.cc_major >= 9 ? col_cluster(kernel, block, slabs, v.n, cache, dev) : 1;
+  const ColChoice choice =
+      dev.cc_major >= 9 ? col_cluster(kernel, block, slabs, v.n, two, alone, dev) : ColChoice{};
+  const ColCache& cache = choice.alone ? alone : two;
   auto run = [&](int csize) {
     const int64_t blocks = imin<int64_t>(slabs, INT_MAX / csize) * csize;
     return launch_clustered(kernel, dim3(unsigned(blocks)), block, cache.smem(v.n, csize), csize,
                             stream, dy, y, dx, v.outer, v.n, v.inner, sh.tiles, csize,
                             ceil_div(v.n, csize), cache.ncache(v.n, csize));
   };
-  cudaError_t e = run(csize);
-  if (e != cudaSuccess && csize > 1) {
+  cudaError_t e = run(choice.csize);
+  if (e != cudaSuccess && choice.csize > 1) {
     cudaGetLastError();  // the clusters could not be placed: one block a slab
     e = run(1);
   }

@@ -197,6 +197,21 @@ def _jax_sync(out):
     jax.block_until_ready(out)
 
 
+def burst_seconds(launch: Callable, sync: Callable, burst: int, trials: int) -> float:
+    """Median over `trials` of the wall time of launch(0) ... launch(burst - 1) with one sync
+    at the end, divided by `burst`."""
+    times = []
+    for _ in range(trials):
+        out = None
+        t0 = time.perf_counter()
+        for j in range(burst):
+            out = launch(j)
+        sync(out)
+        times.append((time.perf_counter() - t0) / burst)
+        del out
+    return statistics.median(times)
+
+
 def time_calls(call: Callable, sync: Callable, argsets: list, s: Settings) -> dict:
     """Median wall time of single synced calls, rotating over argsets; then pipelined bursts."""
     n = len(argsets)
@@ -214,21 +229,13 @@ def time_calls(call: Callable, sync: Callable, argsets: list, s: Settings) -> di
     med = statistics.median(samples)
     burst = max(2 * n, min(200, int(s.pipe_s / max(med, 1e-7))))
     burst = n * math.ceil(burst / n)
-    pipe = []
-    for _ in range(s.pipe_trials):
-        out = None
-        t0 = time.perf_counter()
-        for j in range(burst):
-            out = call(*argsets[j % n])
-        sync(out)
-        pipe.append((time.perf_counter() - t0) / burst)
-        del out
+    pipe = burst_seconds(lambda j: call(*argsets[j % n]), sync, burst, s.pipe_trials)
     q = np.quantile(samples, [0.1, 0.9])
     # "us": device throughput (a burst, one sync); "synced_us" adds the per-call dispatch and
     # sync, which a jitted training step amortises.
-    return {"us": statistics.median(pipe) * 1e6, "synced_us": med * 1e6,
+    return {"us": pipe * 1e6, "synced_us": med * 1e6,
             "min_us": min(samples) * 1e6, "p10_us": q[0] * 1e6,
-            "p90_us": q[1] * 1e6, "reps": len(samples), "pipelined_us": statistics.median(pipe) * 1e6,
+            "p90_us": q[1] * 1e6, "reps": len(samples), "pipelined_us": pipe * 1e6,
             "pipelined_burst": burst}
 
 
@@ -254,17 +261,8 @@ def time_in_one(fn: Callable, argsets: list, s: Settings) -> dict:
     _jax_sync(many(argsets))
     one = time.perf_counter() - t0
     burst = max(2, min(100, math.ceil(s.pipe_s / max(one, 1e-7))))
-    times = []
-    for _ in range(s.pipe_trials):
-        out = None
-        t0 = time.perf_counter()
-        for _ in range(burst):
-            out = many(argsets)
-        _jax_sync(out)
-        times.append((time.perf_counter() - t0) / (burst * k))
-        del out
-    return {"in_one_us": statistics.median(times) * 1e6, "in_one_calls": k,
-            "in_one_burst": burst}
+    per_execution = burst_seconds(lambda _: many(argsets), _jax_sync, burst, s.pipe_trials)
+    return {"in_one_us": per_execution / k * 1e6, "in_one_calls": k, "in_one_burst": burst}
 
 
 def torch_event_us(torch, call: Callable, argsets: list, reps: int) -> float:

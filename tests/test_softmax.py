@@ -233,7 +233,8 @@ def test_ort_ops_table():
 
 # Long rows and tall columns: the CUDA kernels switch to shared-memory / cluster variants here
 LARGE = [((3, 50257), -1), ((2, 70001), -1), ((130, 8192), -1), ((300, 12000), -1),
-         ((16, 4096, 64), 1), ((4, 3000, 33), 1), ((1, 20000, 3), 1), ((2, 5, 9000), 1)]
+         ((16, 4096, 64), 1), ((2, 16384, 64), 1), ((4, 3000, 33), 1), ((1, 20000, 3), 1),
+         ((2, 5, 9000), 1)]
 
 
 @pytest.mark.parametrize("name,op,through_end,log", OPS, ids=OP_IDS)

@@ -10,7 +10,8 @@
 //                    a row so that enough of it fits, adding the partial sums through DSMEM.
 //   col_kernel       inner > 1: threads along inner (coalesced), thread rows split n; the
 //                    per-column sums are reduced by warp shuffles, in shared memory and
-//                    across the cluster. The slab is cached in shared memory the same way.
+//                    across the cluster. The slab is cached the same way, in shared memory
+//                    and, when a block has an SM to itself, in registers.
 // What does not fit in shared memory is read a second time right after the first read, so
 // it mostly comes from L2.
 #include <cooperative_groups.h>
@@ -125,6 +126,20 @@ __device__ __forceinline__ Pack<T, V> lds(const T* p) {
 // V elements of dY and Y.
 template <typename T, int V>
 struct Item { Pack<T, V> d, y; };
+
+// An item as the raw words it was loaded as: the form col_kernel's register cache keeps, four
+// registers for 8 bf16 (unpacked, they may take one register each). opaque() hides the words
+// from the optimizer, so that it converts them again in the second pass rather than keeping the
+// converted values (twice the registers for 16-bit types) from the first.
+template <typename T, int V>
+struct RawItem { word_t<T, V> d, y; };
+
+__device__ __forceinline__ void opaque(unsigned short& w) { asm volatile("" : "+h"(w)); }
+__device__ __forceinline__ void opaque(unsigned& w) { asm volatile("" : "+r"(w)); }
+__device__ __forceinline__ void opaque(uint2& w) { asm volatile("" : "+r"(w.x), "+r"(w.y)); }
+__device__ __forceinline__ void opaque(uint4& w) {
+  asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w));
+}
 
 template <int V, bool kOnce, bool kY, typename T>
 __device__ __forceinline__ Item<T, V> load_item(const T* dy, const T* y, int64_t i) {
@@ -366,14 +381,27 @@ row_smem_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict
 // col_kernel's thread rows a warp holds: 32 / blockDim.x when the block fills whole warps.
 JAXOPS_HD int rows_per_warp(int tx, int ty) { return tx < 32 && tx * ty >= 32 ? 32 / tx : 1; }
 
+// col_kernel's items a thread holds in registers when its block has an SM to itself (R > 0),
+// the most that compile without spills within the 128 registers a thread may then use: 48
+// registers of data for SoftmaxGrad (dY and Y), 32 for LogSoftmaxGrad (dY: its second pass
+// loads Y beside them). Measured on an H100 at axis 1 of [64,4096,64] (2026-11-23): bf16
+// SoftmaxGrad 55.1 us without, 51.6 with 4 items, 48.4 with 6, 52.1 with 8 (spilling);
+// bf16 LogSoftmaxGrad 47.2 without, 46.7 with 8 and 51.1 with 12 (spilling).
+// Single 16-bit elements take a register each; at most 16 items (the loops are unrolled).
+template <class Math, typename T, int V>
+constexpr int kColRegItems =
+    imin(16, (kSumReadsY<Math> ? 48 : 32) /
+                 ((kSumReadsY<Math> ? 2 : 1) * imax(1, V * int(sizeof(T)) / 4)));
+
 // inner > 1. A block owns a tile of blockDim.x * V columns of one outer index (a slab); thread x
 // owns V adjacent columns and thread row y every blockDim.y-th k of the block's chunk of n (a
-// cluster of csize blocks splits n into chunks). The first `ncache` k of the chunk are cached
-// in shared memory, each thread reading back only what it cached. Per-column partial sums
-// are added over the thread rows of a warp by shuffles, over the warps in shared memory
-// (blockDim.y is a power of two), then over the cluster through DSMEM.
-template <class Math, typename T, int V>
-__global__ void __launch_bounds__(kSmemThreads, 2)
+// cluster of csize blocks splits n into chunks). The chunk's first R * blockDim.y k stay in
+// registers (R items a thread), the next `ncache` k are cached in shared memory, each thread
+// reading back only what it cached; the rest is read again. Per-column partial sums are added
+// over the thread rows of a warp by shuffles, over the warps in shared memory (blockDim.y is a
+// power of two), then over the cluster through DSMEM.
+template <class Math, typename T, int V, int R>
+__global__ void __launch_bounds__(kSmemThreads, R > 0 ? 1 : 2)
 col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, int64_t outer,
            int64_t n, int64_t inner, int64_t tiles, int csize, int64_t chunk, int64_t ncache) {
   using A = acc_t<T>;
@@ -394,15 +422,32 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
     const int64_t o = slab / tiles;
     const int64_t col = (slab - o * tiles) * w + c;
     const bool live = col < inner;  // whole packs: inner % V == 0
-    const int64_t k0 = imin(n, rank * chunk), k1 = imin(n, k0 + chunk), kc = imin(k1, k0 + ncache);
+    const int64_t k0 = imin(n, rank * chunk), k1 = imin(n, k0 + chunk);
+    const int64_t kr = imin(k1, k0 + int64_t(R) * rows), kc = imin(k1, kr + ncache);
     const int64_t off = o * n * inner + col;  // element (o, k, col) is at off + k * inner
-    auto cached = [&](int64_t k) { return int(k - k0) * w + c; };  // k - k0 < ncache: fits
+    auto cached = [&](int64_t k) { return int(k - kr) * w + c; };  // k - kr < ncache: fits
 
-    // Pass 1: per-column partial sums; [k0, kc) goes to the cache, [kc, k1) stays in L2.
+    // Pass 1: per-column partial sums; [k0, kr) goes to registers, [kr, kc) to shared memory,
+    // [kc, k1) stays in L2. Register items past k1 stay zero, adding nothing.
     A s[V] = {};
+    RawItem<T, V> reg[imax(R, 1)] = {};
     if (live) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const int64_t k = k0 + ty + int64_t(j) * rows;
+        if (k < kr) {
+          const Item<T, V> it = load_item<V, true, kY>(dy, y, off + k * inner);
+          reg[j] = {bits_as<word_t<T, V>>(it.d), bits_as<word_t<T, V>>(it.y)};
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        add_terms<Math>(s, Item<T, V>{bits_as<Pack<T, V>>(reg[j].d), bits_as<Pack<T, V>>(reg[j].y)});
+        opaque(reg[j].d);
+        if constexpr (kY) opaque(reg[j].y);
+      }
       strided<U>(
-          k0 + ty, kc, rows,
+          kr + ty, kc, rows,
           [&](int64_t k) { return load_item<V, true, kY>(dy, y, off + k * inner); },
           [&](int64_t k, const Item<T, V>& it) {
             sts<V>(cdy + cached(k), it.d);
@@ -463,7 +508,7 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
             stg<V>(dx + off + k * inner, item_out<Math>(it, sum));
           });
       strided<U>(
-          k0 + ty, kc, rows,
+          kr + ty, kc, rows,
           [&](int64_t k) {
             Item<T, V> it;
             it.d = lds<V>(cdy + cached(k));
@@ -474,6 +519,15 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
           [&](int64_t k, const Item<T, V>& it) {
             stg<V>(dx + off + k * inner, item_out<Math>(it, sum));
           });
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const int64_t k = k0 + ty + int64_t(j) * rows;
+        if (k < kr) {
+          Item<T, V> it{bits_as<Pack<T, V>>(reg[j].d), bits_as<Pack<T, V>>(reg[j].y)};
+          if constexpr (!kY) it.y = ldg<V, true>(y + off + k * inner);
+          stg<V>(dx + off + k * inner, item_out<Math>(it, sum));
+        }
+      }
     }
     __syncthreads();  // red and colsum are rewritten for the next slab
   }
@@ -663,10 +717,16 @@ cudaError_t launch_row_smem(const View& v, const DeviceInfo& dev, const T* dy, c
   return e;
 }
 
-// col_kernel's shared-memory cache: `budget` k of `k_bytes` each after `red_bytes` of sums.
+// col_kernel's caches: `reg_k` k of each chunk in registers, then up to `budget` k of
+// `k_bytes` each in shared memory after `red_bytes` of sums.
 struct ColCache {
-  int64_t budget, k_bytes, red_bytes;
-  int64_t ncache(int64_t n, int csize) const { return imin(ceil_div(n, csize), budget); }
+  int64_t reg_k, budget, k_bytes, red_bytes;
+  int64_t ncache(int64_t n, int csize) const {
+    return imax<int64_t>(0, imin(ceil_div(n, csize) - reg_k, budget));
+  }
+  int64_t uncached(int64_t n, int csize) const {  // k a block reads twice
+    return imax<int64_t>(0, ceil_div(n, csize) - reg_k - ncache(n, csize));
+  }
   size_t smem(int64_t n, int csize) const { return size_t(red_bytes + ncache(n, csize) * k_bytes); }
 };
 
@@ -691,7 +751,7 @@ int active_clusters(Kernel kernel, dim3 block, size_t smem, int csize, const Dev
 }
 
 // col_kernel's cluster size and cache. A block that has an SM to itself caches about twice
-// the k: when that runs every slab in one wave of clusters with the uncached k in L2, the
+// the k in shared memory, and more in registers: when that runs every slab in one wave of clusters with the uncached k in L2, the
 // largest such size wins (H100, axis 1 of [64,4096,64]: bf16 softmax 59.0 -> 54.5 us at size
 // 2). Otherwise, at two blocks an SM: the fewest waves of clusters, provided the uncached k
 // that one wave's blocks re-read fit in L2; among those, the largest size (more of each
@@ -703,8 +763,8 @@ int active_clusters(Kernel kernel, dim3 block, size_t smem, int csize, const Dev
 // queries cost microseconds.
 struct ColChoice { int csize = 1; bool alone = false; };
 template <typename Kernel>
-ColChoice col_cluster(Kernel kernel, dim3 block, int64_t slabs, int64_t n, const ColCache& two,
-                      const ColCache& alone, const DeviceInfo& dev) {
+ColChoice col_cluster(Kernel two_kernel, Kernel alone_kernel, dim3 block, int64_t slabs, int64_t n,
+                      const ColCache& two, const ColCache& alone, const DeviceInfo& dev) {
   struct Key {
     int dev;
     const void* kernel;
@@ -717,26 +777,25 @@ ColChoice col_cluster(Kernel kernel, dim3 block, int64_t slabs, int64_t n, const
   };
   static std::mutex mu;
   static std::vector<std::pair<Key, ColChoice>> chosen;
-  const Key key{dev.id, reinterpret_cast<const void*>(kernel), block.x, block.y, n, slabs};
+  const Key key{dev.id, reinterpret_cast<const void*>(two_kernel), block.x, block.y, n, slabs};
   std::lock_guard<std::mutex> lock(mu);
   for (const auto& [k, choice] : chosen)
     if (k == key) return choice;
   // Bytes of uncached k that the blocks of one wave re-read.
   auto reread = [&](const ColCache& c, int size, int active) {
-    const int64_t uncached = ceil_div(n, size) - c.ncache(n, size);  // k a block re-reads
-    return imin<int64_t>(slabs, active) * size * uncached * c.k_bytes;
+    return imin<int64_t>(slabs, active) * size * c.uncached(n, size) * c.k_bytes;
   };
   const int cap = int(imin<int64_t>(kMaxCluster, imax<int64_t>(1, n / block.y)));
   ColChoice best;
   bool found = false;
   for (int size = cap; size >= 1 && !found; --size) {
-    const int active = active_clusters(kernel, block, alone.smem(n, size), size, dev);
+    const int active = active_clusters(alone_kernel, block, alone.smem(n, size), size, dev);
     if (active >= slabs && reread(alone, size, active) <= dev.l2_bytes)
       best = {size, true}, found = true;
   }
   std::tuple<bool, int64_t, int> best_rank{true, INT64_MAX, 0};  // (too big for L2, waves, -size)
   for (int size = 1; size <= cap && !found; ++size) {
-    const int active = active_clusters(kernel, block, two.smem(n, size), size, dev);
+    const int active = active_clusters(two_kernel, block, two.smem(n, size), size, dev);
     if (active <= 0) continue;
     const std::tuple<bool, int64_t, int> rank{reread(two, size, active) > dev.l2_bytes,
                                               ceil_div(slabs, active), -size};
@@ -763,20 +822,26 @@ ColShape col_shape(int64_t n, int64_t inner, int vec, int elem_size) {
 template <class Math, typename T, int V>
 cudaError_t launch_col(const View& v, const ColShape& sh, const DeviceInfo& dev, const T* dy,
                        const T* y, T* dx, cudaStream_t stream) {
-  static std::atomic<uint64_t> prepared{0};
-  const auto kernel = col_kernel<Math, T, V>;
-  if (cudaError_t e = prepare_smem_kernel(kernel, dev, prepared); e != cudaSuccess) return e;
+  constexpr int R = kColRegItems<Math, T, V>;
+  static std::atomic<uint64_t> prepared_two{0}, prepared_alone{0};
+  const auto two_kernel = col_kernel<Math, T, V, 0>;
+  const auto alone_kernel = col_kernel<Math, T, V, R>;
+  if (cudaError_t e = prepare_smem_kernel(two_kernel, dev, prepared_two); e != cudaSuccess) return e;
+  if (cudaError_t e = prepare_smem_kernel(alone_kernel, dev, prepared_alone); e != cudaSuccess)
+    return e;
   const int64_t w = int64_t(sh.tx) * V;
   const int64_t red_bytes = (sh.ty / rows_per_warp(sh.tx, sh.ty) + 1) * w * int64_t(sizeof(acc_t<T>));
   const int64_t k_bytes = w * int64_t(sizeof(T)) * (kSumReadsY<Math> ? 2 : 1);  // one cached k
   auto cacheable = [&](int64_t smem) { return imax<int64_t>(0, (smem - red_bytes) / k_bytes); };
-  const ColCache two{cacheable(dev.smem_budget), k_bytes, red_bytes};
-  const ColCache alone{cacheable(dev.smem_alone), k_bytes, red_bytes};
+  const ColCache two{0, cacheable(dev.smem_budget), k_bytes, red_bytes};
+  const ColCache alone{int64_t(R) * sh.ty, cacheable(dev.smem_alone), k_bytes, red_bytes};
   const int64_t slabs = v.outer * sh.tiles;
   const dim3 block(sh.tx, sh.ty);
-  const ColChoice choice =
-      dev.cc_major >= 9 ? col_cluster(kernel, block, slabs, v.n, two, alone, dev) : ColChoice{};
+  const ColChoice choice = dev.cc_major >= 9 ? col_cluster(two_kernel, alone_kernel, block, slabs,
+                                                           v.n, two, alone, dev)
+                                             : ColChoice{};
   const ColCache& cache = choice.alone ? alone : two;
+  const auto kernel = choice.alone ? alone_kernel : two_kernel;
   auto run = [&](int csize) {
     const int64_t blocks = imin<int64_t>(slabs, INT_MAX / csize) * csize;
     return launch_clustered(kernel, dim3(unsigned(blocks)), block, cache.smem(v.n, csize), csize,

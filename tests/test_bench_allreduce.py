@@ -3,6 +3,9 @@ every variant's result is checked inside, and the table is printed."""
 import math
 import re
 
+import jax
+import pytest
+
 from bench import allreduce_2gpu
 
 
@@ -11,6 +14,8 @@ def test_gpt2_small_is_124m_params():
     assert len(shapes) == 148 and sum(math.prod(s) for s in shapes) == 124_439_808
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="checks the run on forced CPU devices (JAX_PLATFORMS=cuda gives the GPUs)")
 def test_quick_run_prints_every_variant(capsys):
     assert allreduce_2gpu.main(["--quick", "--reps", "2", "--devices", "2"]) == 0
     text = capsys.readouterr().out

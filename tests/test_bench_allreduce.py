@@ -15,7 +15,7 @@ def test_gpt2_small_is_124m_params():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",
-                    reason="checks the run on forced CPU devices (JAX_PLATFORMS=cuda gives the GPUs)")
+                    reason="checks the run on forced CPU devices (not under JAX_PLATFORMS=cuda)")
 def test_quick_run_prints_every_variant(capsys):
     assert allreduce_2gpu.main(["--quick", "--reps", "2", "--devices", "2"]) == 0
     text = capsys.readouterr().out

@@ -132,7 +132,10 @@ struct Item { Pack<T, V> d, y; };
 // from the optimizer, so that it converts them again in the second pass rather than keeping the
 // converted values (twice the registers for 16-bit types) from the first.
 template <typename T, int V>
-struct RawItem { word_t<T, V> d, y; };
+struct RawItem {
+  word_t<T, V> d, y;
+  __device__ Item<T, V> item() const { return {bits_as<Pack<T, V>>(d), bits_as<Pack<T, V>>(y)}; }
+};
 
 __device__ __forceinline__ void opaque(unsigned short& w) { asm volatile("" : "+h"(w)); }
 __device__ __forceinline__ void opaque(unsigned& w) { asm volatile("" : "+r"(w)); }
@@ -442,7 +445,7 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
       }
 #pragma unroll
       for (int j = 0; j < R; ++j) {
-        add_terms<Math>(s, Item<T, V>{bits_as<Pack<T, V>>(reg[j].d), bits_as<Pack<T, V>>(reg[j].y)});
+        add_terms<Math>(s, reg[j].item());
         opaque(reg[j].d);
         if constexpr (kY) opaque(reg[j].y);
       }
@@ -523,7 +526,7 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
       for (int j = 0; j < R; ++j) {
         const int64_t k = k0 + ty + int64_t(j) * rows;
         if (k < kr) {
-          Item<T, V> it{bits_as<Pack<T, V>>(reg[j].d), bits_as<Pack<T, V>>(reg[j].y)};
+          Item<T, V> it = reg[j].item();
           if constexpr (!kY) it.y = ldg<V, true>(y + off + k * inner);
           stg<V>(dx + off + k * inner, item_out<Math>(it, sum));
         }
@@ -751,16 +754,17 @@ int active_clusters(Kernel kernel, dim3 block, size_t smem, int csize, const Dev
 }
 
 // col_kernel's cluster size and cache. A block that has an SM to itself caches about twice
-// the k in shared memory, and more in registers: when that runs every slab in one wave of clusters with the uncached k in L2, the
-// largest such size wins (H100, axis 1 of [64,4096,64]: bf16 softmax 59.0 -> 54.5 us at size
-// 2). Otherwise, at two blocks an SM: the fewest waves of clusters, provided the uncached k
-// that one wave's blocks re-read fit in L2; among those, the largest size (more of each
-// block's k cached; more blocks when slabs are few). Measured on an H100 (2026-11-22, axis 1,
-// sizes 1-8): bf16 [64,4096,64] softmax runs one wave at size 3 (64 of 79 clusters; 46 MB
-// re-read) in 59 us against 63 at the older rule's 5 and 68 at 4 (62 clusters fit: two
-// waves); f32 at 3 re-reads 56 MB and takes 117 us against 97 at 5 (and 102 caching twice
-// as much a block in two waves). The choice is cached per kernel, block, n and slabs: the
-// queries cost microseconds.
+// the k in shared memory, and more in registers: when that runs every slab in one wave of
+// clusters with the uncached k in L2, the largest such size wins (H100, axis 1 of
+// [64,4096,64]: bf16 softmax 59.0 -> 54.5 us at size 2, before the registers). Otherwise, at
+// two blocks an SM: the fewest waves of clusters, provided the uncached k that one wave's
+// blocks re-read fit in L2; among those, the largest size (more of each block's k cached;
+// more blocks when slabs are few). Measured on an H100 (2026-11-22, axis 1, sizes 1-8): bf16
+// [64,4096,64] softmax runs one wave at size 3 (64 of 79 clusters; 46 MB re-read) in 59 us
+// against 63 at the older rule's 5 and 68 at 4 (62 clusters fit: two waves); f32 at 3
+// re-reads 56 MB and takes 117 us against 97 at 5 (and 102 caching twice as much a block in
+// two waves). The choice is cached per kernel, block, n and slabs: the queries cost
+// microseconds.
 struct ColChoice { int csize = 1; bool alone = false; };
 template <typename Kernel>
 ColChoice col_cluster(Kernel two_kernel, Kernel alone_kernel, dim3 block, int64_t slabs, int64_t n,
@@ -826,9 +830,9 @@ cudaError_t launch_col(const View& v, const ColShape& sh, const DeviceInfo& dev,
   static std::atomic<uint64_t> prepared_two{0}, prepared_alone{0};
   const auto two_kernel = col_kernel<Math, T, V, 0>;
   const auto alone_kernel = col_kernel<Math, T, V, R>;
-  if (cudaError_t e = prepare_smem_kernel(two_kernel, dev, prepared_two); e != cudaSuccess) return e;
-  if (cudaError_t e = prepare_smem_kernel(alone_kernel, dev, prepared_alone); e != cudaSuccess)
-    return e;
+  for (const auto& [kernel, prepared] : {std::pair{two_kernel, &prepared_two},
+                                         std::pair{alone_kernel, &prepared_alone}})
+    if (cudaError_t e = prepare_smem_kernel(kernel, dev, *prepared); e != cudaSuccess) return e;
   const int64_t w = int64_t(sh.tx) * V;
   const int64_t red_bytes = (sh.ty / rows_per_warp(sh.tx, sh.ty) + 1) * w * int64_t(sizeof(acc_t<T>));
   const int64_t k_bytes = w * int64_t(sizeof(T)) * (kSumReadsY<Math> ? 2 : 1);  // one cached k

@@ -620,4 +620,8 @@ def test_lamb_kernel_long_list(rng, gdtype):
             # kernel's order: their rounding grows as sqrt(n) eps (2.7e-5 seen at 5M on a CPU).
             sums = 2 * np.sqrt(x.size) * np.finfo(np.float32).eps
             tol = 1e-5 if k != 1 else max(1e-5, sums) if gdtype == jnp.float32 else 1e-2
-            np.testing.assert_allclose(a, x, rtol=tol, atol=tol * scale, err_msg=f"{i}/{k}")
+            # w moves by that gradient, so it carries the same rounding times its step (seed
+            # 2087482706, bf16: a step of 3.97 with the ratio 2.3e-5 off gave w 1.2e-4 off)
+            atol = tol * scale + (sums * np.abs(e[1]) if k == 0 else 0.0)
+            bad = np.abs(a - x) > tol * np.abs(x) + atol
+            assert not bad.any(), f"{i}/{k}: {bad.sum()} of {bad.size} entries off"

@@ -53,11 +53,13 @@ def f64(*args):
     return [jnp.asarray(a, jnp.float64) for a in args]
 
 
-def fast_gelu_terms(dy, x):
-    """The magnitudes the f64 reference (autodiff of tanh-form GELU) adds up: it cancels in
-    1 + t and 1 - t^2 as t -> -1, so its error follows 0.5 |dY| (1 + |t| + (1 + t^2) |a x (1 +
-    3 g x^2)|), not the result (seed 1304074596: 1.3e-14 off a result of 1.8e-7 at x = -5.49,
-    where the op was exact to 5e-23)."""
+def fast_gelu_scale(name, dtype, dy, x):
+    """For f64 fast-GELU ops, the magnitudes the reference (autodiff of tanh-form GELU) adds up:
+    it cancels in 1 + t and 1 - t^2 as t -> -1, so its error follows 0.5 |dY| (1 + |t| + (1 +
+    t^2) |a x (1 + 3 g x^2)|), not the result (seed 1304074596: 1.3e-14 off a result of 1.8e-7
+    at x = -5.49, where the op was exact to 5e-23). None (the result's scale) otherwise."""
+    if dtype != jnp.float64 or "fast_gelu" not in name:
+        return None
     dy, x = (np.asarray(a, np.float64) for a in (dy, x))
     a, g = np.sqrt(2 / np.pi), 0.044715
     t = np.tanh(a * (x + g * x**3))
@@ -74,8 +76,8 @@ def test_unary_matches_reference(rng, name, op, reference, kw, dtype, shape):
     # the f64 reference, autodiff of tanh-based GELU, cancels in 1 - tanh^2 (f64 worst seen:
     # 31 ulps); f32/f16/bf16 errors are below 1 ulp of the scale (200 seeds)
     ulps = 128 if dtype == jnp.float64 and "gelu" in name else 8
-    scale = fast_gelu_terms(dy, x) if dtype == jnp.float64 and name == "fast_gelu_grad" else None
-    assert_close(out, reference(*f64(dy, x), **kw), dtype, ulps=ulps, scale=scale)
+    assert_close(out, reference(*f64(dy, x), **kw), dtype, ulps=ulps,
+                 scale=fast_gelu_scale(name, dtype, dy, x))
 
 
 BIAS = [("bias_gelu_grad_dx", ops.bias_gelu_grad_dx, ref.bias_gelu_grad_dx),
@@ -93,9 +95,8 @@ def test_bias_matches_reference(rng, name, op, reference, dtype, shape):
     t = jnp.float64 if dtype == jnp.float64 else jnp.float32
     xb = x.astype(t) + b.astype(t)
     ulps = 128 if dtype == jnp.float64 else 8  # the f64 reference cancels in 1 - t^2
-    fast = dtype == jnp.float64 and name == "bias_fast_gelu_grad_dx"
-    scale = fast_gelu_terms(dy, xb) if fast else None
-    assert_close(out, reference(*f64(dy, xb, jnp.zeros_like(b))), dtype, ulps=ulps, scale=scale)
+    assert_close(out, reference(*f64(dy, xb, jnp.zeros_like(b))), dtype, ulps=ulps,
+                 scale=fast_gelu_scale(name, dtype, dy, xb))
 
 
 def test_exact_points():

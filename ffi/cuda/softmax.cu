@@ -134,6 +134,9 @@ struct Item { Pack<T, V> d, y; };
 template <typename T, int V>
 struct RawItem {
   word_t<T, V> d, y;
+  __device__ static RawItem of(const Item<T, V>& it) {
+    return {bits_as<word_t<T, V>>(it.d), bits_as<word_t<T, V>>(it.y)};
+  }
   __device__ Item<T, V> item() const { return {bits_as<Pack<T, V>>(d), bits_as<Pack<T, V>>(y)}; }
 };
 
@@ -429,6 +432,7 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
     const int64_t kr = imin(k1, k0 + int64_t(R) * rows), kc = imin(k1, kr + ncache);
     const int64_t off = o * n * inner + col;  // element (o, k, col) is at off + k * inner
     auto cached = [&](int64_t k) { return int(k - kr) * w + c; };  // k - kr < ncache: fits
+    auto held = [&](int j) { return k0 + ty + int64_t(j) * rows; };  // register item j's k
 
     // Pass 1: per-column partial sums; [k0, kr) goes to registers, [kr, kc) to shared memory,
     // [kc, k1) stays in L2. Register items past k1 stay zero, adding nothing.
@@ -436,13 +440,9 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
     RawItem<T, V> reg[imax(R, 1)] = {};
     if (live) {
 #pragma unroll
-      for (int j = 0; j < R; ++j) {
-        const int64_t k = k0 + ty + int64_t(j) * rows;
-        if (k < kr) {
-          const Item<T, V> it = load_item<V, true, kY>(dy, y, off + k * inner);
-          reg[j] = {bits_as<word_t<T, V>>(it.d), bits_as<word_t<T, V>>(it.y)};
-        }
-      }
+      for (int j = 0; j < R; ++j)
+        if (const int64_t k = held(j); k < kr)
+          reg[j] = RawItem<T, V>::of(load_item<V, true, kY>(dy, y, off + k * inner));
 #pragma unroll
       for (int j = 0; j < R; ++j) {
         add_terms<Math>(s, reg[j].item());
@@ -524,8 +524,7 @@ col_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx
           });
 #pragma unroll
       for (int j = 0; j < R; ++j) {
-        const int64_t k = k0 + ty + int64_t(j) * rows;
-        if (k < kr) {
+        if (const int64_t k = held(j); k < kr) {
           Item<T, V> it = reg[j].item();
           if constexpr (!kY) it.y = ldg<V, true>(y + off + k * inner);
           stg<V>(dx + off + k * inner, item_out<Math>(it, sum));

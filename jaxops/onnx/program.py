@@ -2,10 +2,15 @@
 
 Each graph (the main one and every subgraph) is checked and ordered once, at load, into a
 `_Plan`: its nodes in dependency order with their handlers found and attributes decoded. A call
-walks the plan with a dict of values. Values are numpy arrays where they are known without the
-inputs (integer initializers, Constant nodes, shape arithmetic on them) and jax arrays or
-tracers otherwise; handlers that keep numpy in numpy out let shape-like inputs stay static
-under `jax.jit`.
+walks the plan with a dict of values.
+
+Host values: a value is known on the host when it does not depend on the data: integer
+initializers, Constant nodes, the shapes of traced values (Shape, Size), and the results of
+nodes whose inputs are all such values. Any node whose inputs are all known on the host runs on
+the host, whatever its domain (`jax.ensure_compile_time_eval`, 64-bit types on, the results
+turned into numpy), so the shape arithmetic of real exports (ORT rewrites their Concats into
+com.microsoft.ConcatTraining) stays static under `jax.jit`. The model's inputs and params are
+data even when they are concrete arrays.
 """
 from __future__ import annotations
 
@@ -24,6 +29,12 @@ _A = onnx.AttributeProto
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _PYTHON_OPS = ("PythonOp", "PythonOpGrad")
 _UPDATES = object()  # the env key (never an ONNX name) of the in-place updates of one call
+_HOST = object()  # the env key of the names, in this graph's scope, known on the host
+_DIMS = object()  # the env key of the symbolic dims of the model's inputs, bound by the call
+# Nodes that act across devices or outside the graph: never run on the host, whatever their inputs.
+_NEVER_ON_HOST = frozenset(("com.microsoft", op) for op in (
+    "Send", "Recv", "NcclAllReduce", "NcclAllGather", "NcclReduceScatter", "AdasumAllReduce",
+    "MegatronF", "MegatronG", "RecordEvent", "WaitEvent", "YieldOp", "PythonOp", "PythonOpGrad"))
 
 
 def _domain(domain: str) -> str:
@@ -121,7 +132,8 @@ def subgraphs(node):
 class _Step:
     """One node, ready to run."""
 
-    __slots__ = ("node", "fn", "attrs", "inputs", "outputs", "label", "opsets")
+    __slots__ = ("node", "fn", "attrs", "inputs", "outputs", "label", "opsets", "reads",
+                 "may_run_on_host")
 
     def __init__(self, node, fn, attrs, opsets):
         self.node = node
@@ -134,6 +146,9 @@ class _Step:
         self.inputs = inputs
         self.outputs = list(node.output)
         self.label = node_label(node)
+        # every value the node reads: its inputs and what its subgraphs take from outside
+        self.reads = [n for n in inputs if n] + sorted(_free_names(node), key=repr)
+        self.may_run_on_host = (_domain(node.domain), node.op_type) not in _NEVER_ON_HOST
 
 
 class _Plan:
@@ -142,6 +157,7 @@ class _Plan:
     def __init__(self, graph, steps, constants, params, input_names, output_names):
         self.graph = graph  # keeps the proto (and so the id used as the cache key) alive
         self.steps = steps
+        self.producers = {o: s.node for s in steps for o in s.outputs if o}
         self.constants = constants
         self.params = params
         self.input_names = input_names
@@ -151,10 +167,11 @@ class _Plan:
 class NodeContext:
     """What a handler sees of the importer: the node, its opsets, static values, subgraphs."""
 
-    def __init__(self, program: "Program", step: _Step, env):
+    def __init__(self, program: "Program", step: _Step, env, plan: _Plan | None = None):
         self._program = program
         self._step = step
         self._env = env
+        self._plan = plan
 
     @property
     def node(self):
@@ -205,16 +222,20 @@ class NodeContext:
         return not isinstance(x, jax.core.Tracer)
 
     def output_shape(self, i: int) -> tuple[int, ...] | None:
-        """The static shape the model declares for output `i` (its value_info, or what onnx's
-        shape inference finds), or None. Some ORT kernels read it (MaxPoolGrad's dX)."""
+        """The shape the model declares for output `i` (its value_info, or what onnx's shape
+        inference finds), its symbolic dims bound to the sizes of this call's inputs; None
+        where it is not declared or a dim stays unknown."""
         name = self._step.outputs[i] if i < len(self._step.outputs) else ""
-        t = self._program.declared_types().get(name) if name else None
-        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
-            return None
-        dims = t.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") for d in dims):
-            return None
-        return tuple(int(d.dim_value) for d in dims)
+        return self._program.declared_shape(name, self._env.get(_DIMS, {})) if name else None
+
+    def shape_of(self, name: str) -> tuple[int, ...] | None:
+        """The shape of the value called `name` in this call (None where there is none yet)."""
+        value = self._env.get(name) if name else None
+        return None if value is None or isinstance(value, list) else tuple(np.shape(value))
+
+    def producer(self, name: str):
+        """The NodeProto of this graph that computes `name`, or None."""
+        return self._plan.producers.get(name) if self._plan is not None and name else None
 
     def update(self, i: int, value) -> None:
         """Declares that this node updates its input `i` in place (ORT's optimizers and
@@ -231,7 +252,13 @@ class NodeContext:
         if plan is None:  # a graph the handler built itself
             plan = self._program.plan_late(graph, frozenset(self._env), self._step.opsets,
                                            self._step.label)
-        return self._program._run(plan, inputs, {}, self._env)
+        # the handler made static (numpy) what it knows on the host: a loop's counter, ...
+        return self._program._run(plan, inputs, {}, self._env,
+                                  host_inputs=[_is_host_value(x) for x in inputs])
+
+    def inputs_on_host(self) -> list[bool]:
+        """For each input of this node, whether it is known on the host (see the module)."""
+        return [_on_host(self._env, n) for n in self._step.inputs]
 
 
 class Program:
@@ -271,6 +298,38 @@ class Program:
         self.input_names = list(self._main.input_names)
         self.output_names = list(self._main.output_names)
 
+    def declared_shape(self, name: str, dims: dict) -> tuple[int, ...] | None:
+        """The declared shape of value `name` with its symbolic dims looked up in `dims`, or
+        None where it is not declared or a dim is unknown."""
+        t = self.declared_types().get(name)
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            return None
+        shape = []
+        for d in t.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param in dims:
+                shape.append(dims[d.dim_param])
+            else:
+                return None
+        return tuple(shape)
+
+    def _bind_dims(self, given: dict) -> dict:
+        """Symbolic dim name -> size, from the model's declared inputs and this call's values."""
+        dims = {}
+        for vi in self.model.graph.input:
+            value = given.get(vi.name)
+            t = vi.type
+            if value is None or isinstance(value, list) or not t.HasField("tensor_type"):
+                continue
+            declared, shape = t.tensor_type.shape.dim, np.shape(value)
+            if len(declared) != len(shape):
+                continue
+            for d, n in zip(declared, shape):
+                if d.HasField("dim_param") and d.dim_param:
+                    dims.setdefault(d.dim_param, int(n))
+        return dims
+
     def declared_types(self) -> dict:
         """Name -> TypeProto for every value the model declares, completed once by onnx's
         shape inference (which may fail on custom ops: then the declarations alone)."""
@@ -281,7 +340,11 @@ class Program:
             except Exception:  # noqa: BLE001 - inference is a bonus, not a requirement
                 pass
             g = model.graph
-            self._types = {v.name: v.type for v in (*g.input, *g.value_info, *g.output)}
+            self._types = {}
+            for v in (*g.input, *g.value_info, *g.output):  # the first one with a shape wins
+                old = self._types.get(v.name)
+                if old is None or not old.tensor_type.HasField("shape"):
+                    self._types[v.name] = v.type
         return self._types
 
     def __repr__(self):
@@ -325,29 +388,41 @@ class Program:
         if absent:
             raise OnnxImportError(f"params lacks initializer(s) {sorted(absent)}")
         updates = {}
-        outputs = self._run(self._main, [given[n] for n in names], params, None, updates)
+        outputs = self._run(self._main, [given[n] for n in names], params, None, updates,
+                            dims=self._bind_dims(given))
         return outputs, updates
 
-    def _run(self, plan: _Plan, inputs, params, outer, updates=None):
+    def _run(self, plan: _Plan, inputs, params, outer, updates=None, host_inputs=(),
+             dims=None):
+        """Runs `plan` on `inputs` (the model's are data; a subgraph's or function's are known
+        on the host where `host_inputs` says so) with the values of `outer` in scope."""
         if len(inputs) > len(plan.input_names):
             raise OnnxImportError(f"graph {plan.graph.name!r} takes {len(plan.input_names)} "
                                   f"inputs, got {len(inputs)}")
         env = collections.ChainMap({}, outer) if outer is not None else {}
         if updates is not None:
             env[_UPDATES] = updates
+        if dims is not None:
+            env[_DIMS] = dims
         env.update(plan.constants)
         env.update(params)
         # inputs left out (a function's optional ones, a malformed loop body's) are None
         env.update(zip(plan.input_names, list(inputs) + [None] * len(plan.input_names)))
+        env[_HOST] = set(plan.constants) | {n for n, h in zip(plan.input_names, host_inputs) if h}
         for step in plan.steps:
-            self._run_step(step, env)
+            self._run_step(step, env, plan)
         return [env[n] for n in plan.output_names]
 
-    def _run_step(self, step: _Step, env):
-        ctx = NodeContext(self, step, env)
+    def _run_step(self, step: _Step, env, plan: _Plan):
+        ctx = NodeContext(self, step, env, plan)
+        on_host = step.may_run_on_host and all(_on_host(env, n) for n in step.reads)
         try:
             args = [env[n] if n else None for n in step.inputs]
-            out = step.fn(ctx, *args, **step.attrs)
+            if on_host:
+                with jax.ensure_compile_time_eval(), jax.enable_x64(True):
+                    out = _to_host(step.fn(ctx, *args, **step.attrs))
+            else:
+                out = step.fn(ctx, *args, **step.attrs)
         except OnnxImportError:
             raise
         except RecursionError:
@@ -356,6 +431,7 @@ class Program:
             raise OnnxImportError(f"{step.label}: {type(e).__name__}: {e}") from e
         if not isinstance(out, tuple):
             out = (out,)
+        host = env[_HOST]
         for i, name in enumerate(step.outputs):
             if not name:
                 continue
@@ -363,6 +439,10 @@ class Program:
                 raise OnnxImportError(f"{step.label}: output {i} ({name!r}) is used but the "
                                       f"handler gives only {len(out)} output(s)")
             env[name] = out[i]
+            # a host value also where the handler read only the shapes of data (Shape, Size)
+            if on_host or (_is_host_value(out[i]) and not any(
+                    _is_host_value(env[n]) for n in step.reads if n and not _on_host(env, n))):
+                host.add(name)
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -522,6 +602,25 @@ class Program:
             graph, body_opsets = body
             self._plan(graph, frozenset(), body_opsets, function=True)
         return fn
+
+
+def _is_host_value(x) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, int, float, bool, str, bytes))
+
+
+def _on_host(env, name: str) -> bool:
+    """Whether `name` (absent: '') is known on the host in `env`'s scope or an outer one."""
+    if not name:
+        return True
+    maps = env.maps if isinstance(env, collections.ChainMap) else [env]
+    return any(name in m.get(_HOST, ()) for m in maps)
+
+
+def _to_host(out):
+    """A handler's result as numpy (lists and tuples element-wise; None stays None)."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to_host(x) for x in out)
+    return out if out is None or _is_host_value(out) else np.asarray(out)
 
 
 def _check_text(where, *values):

@@ -143,7 +143,7 @@ def _run_function(ctx, f, defaults, opsets, inputs, key):
         graph = _body_graph(f, ctx.node, defaults)
         plan = program.plan_late(graph, frozenset(), opsets, step.label, function=True)
         program.expansions[key] = plan
-    outs = program._run(plan, inputs, {}, None)
+    outs = program._run(plan, inputs, {}, None, host_inputs=ctx.inputs_on_host())
     return tuple(outs) if len(outs) > 1 else outs[0]
 
 

@@ -35,12 +35,35 @@ def _requested(count):
     return lambda ctx: {"outputs": tuple(ctx.output_used(i) for i in range(count))}
 
 
+def _forward_input_shape(ctx):
+    """The shape of the forward pooling's input X, which a pooling gradient's output has:
+    from the MaxPool whose Indices it reads, else from the pooling whose output's gradient
+    (ORT names it `<Y>_grad`) it takes, else from its own output `<X>_grad`, else as the
+    model declares that output (symbolic dims bound to this call's sizes)."""
+    node = ctx.node
+    forward = ctx.producer(node.input[1]) if len(node.input) > 1 else None
+    if forward is None and node.input[0].endswith("_grad"):
+        forward = ctx.producer(node.input[0][:-len("_grad")])
+    if forward is not None and forward.op_type in ("MaxPool", "AveragePool") and forward.input:
+        shape = ctx.shape_of(forward.input[0])
+        if shape is not None:
+            return shape
+    out = node.output[0] if node.output else ""
+    if out.endswith("_grad"):
+        shape = ctx.shape_of(out[:-len("_grad")])
+        if shape is not None:
+            return shape
+    return ctx.output_shape(0)
+
+
 def _x_shape(op_type):
-    """The pooling gradients take X's shape from their output's declared shape, as ORT."""
+    """The pooling gradients take X's shape from the forward graph (ORT reads the declared
+    shape of their output)."""
     def get(ctx):
-        shape = ctx.output_shape(0)
+        shape = _forward_input_shape(ctx)
         if shape is None:
-            raise ctx.error(f"{op_type} needs the shape of its output (X's) declared in the model")
+            raise ctx.error(f"{op_type}: the shape of the forward input X is unknown: no "
+                            "MaxPool/AveragePool feeds it and its output's shape is not declared")
         return {"x_shape": shape}
     return get
 

@@ -71,6 +71,33 @@ def test_in_place_accumulator_v2(rng, pair, flag):
     np.testing.assert_array_equal(_np(out), _np(expected))
 
 
+# (buffer shape, value shape): the buffer's shape broadcasts to the value's, as where ORT's
+# gradient builder leaves a broadcast parameter's gradient unreduced
+BROADCAST = [((), (1, 1, 4, 4)), ((), (5,)), ((4, 1), (2, 4, 3)), ((1, 3), (4, 3)),
+             ((2, 1, 3), (2, 5, 3))]
+
+
+@pytest.mark.parametrize("bshape,vshape", BROADCAST)
+@pytest.mark.parametrize("flag", [None, True, False])
+def test_accumulate_broadcast_value(rng, bshape, vshape, flag):
+    """The value is summed over the dims the buffer was broadcast along: the true gradient of
+    a parameter the forward graph broadcast."""
+    buf = rng.standard_normal(bshape)
+    value = rng.standard_normal(vshape)
+    lead = len(vshape) - len(bshape)
+    summed = value.sum(axis=tuple(range(lead)))
+    summed = summed.sum(axis=tuple(i for i, n in enumerate(bshape) if n == 1), keepdims=True)
+    summed = summed.reshape(bshape)
+    b, v = jnp.asarray(buf), jnp.asarray(value)
+    v1 = lambda b, v: ops.in_place_accumulator(b, v, _flag(flag))
+    v2 = lambda b, v: ops.in_place_accumulator_v2(b, v, _flag(flag))[1]
+    for run in (lambda f: f(b, v), lambda f: jax.jit(f)(b, v)):
+        np.testing.assert_allclose(np.asarray(run(v1)), buf if flag is False else buf + summed,
+                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(run(v2)), summed if flag is True else buf + summed,
+                                   rtol=1e-12, atol=1e-12)
+
+
 def test_overwrite_ignores_non_finite_buffer():
     buf = jnp.asarray([jnp.nan, jnp.inf, 1.0])
     _, out = ops.in_place_accumulator_v2(buf, jnp.ones(3), jnp.asarray([True]))
@@ -165,12 +192,14 @@ def test_bad_input():
     cases = [
         (ops.zero_gradient, (jnp.ones(3, jnp.int32), 1), TypeError, "old_gradient must be float"),
         (ops.in_place_accumulator, (jnp.ones((2, 3), jnp.int32), f32), TypeError, "old_sum"),
-        (ops.in_place_accumulator, (f32, jnp.ones((3, 2))), ValueError, "share one shape"),
+        (ops.in_place_accumulator, (f32, jnp.ones((3, 2))), ValueError, "broadcasts to"),
+        (ops.in_place_accumulator, (f32, jnp.ones((3,))), ValueError, "broadcasts to"),
         (ops.in_place_accumulator, (f32, f32, jnp.asarray([1])), TypeError, "must be bool"),
         (ops.in_place_accumulator, (f32, f32, jnp.asarray([True, False])), ValueError,
          "one element"),
         (ops.in_place_accumulator_v2, (f32, jnp.ones((2, 3), jnp.int8)), TypeError, "value"),
-        (ops.in_place_accumulator_v2, (f32, jnp.ones((2,))), ValueError, "share one shape"),
+        (ops.in_place_accumulator_v2, (f32, jnp.ones((2,))), ValueError, "broadcasts to"),
+        (ops.in_place_accumulator_v2, (f32, jnp.ones((2, 1))), ValueError, "broadcasts to"),
         (ops.in_place_accumulator_v2, (f32, f32, jnp.ones(1)), TypeError, "overwrite_flag"),
         (ops.in_place_accumulator_v2, (f32, f32, jnp.zeros((0,), bool)), ValueError,
          "one element"),

@@ -8,8 +8,16 @@ would prevent, and a kernel could at best match XLA's bandwidth.
 ORT updates buffers in place; here results are returned. An accumulator's output has its
 buffer's shape and dtype, so under `jax.jit(..., donate_argnums=...)` with the buffer donated
 XLA writes the result into the donated buffer (no copy); called eagerly, a new array is made.
+
+Accumulating a value whose shape the buffer's shape broadcasts to (e.g. a value of [1,1,4,4]
+into a scalar buffer) sums the value over the broadcast dims first. ORT's gradient builder
+writes such graphs when a forward op broadcasts a parameter and the builder leaves out the
+reduction (a scalar under Where, in BERT exported by torch's dynamo exporter); the sum is the
+true gradient. ORT 1.19.2 accepts the value and returns a wrong buffer there (0.0625 where the
+gradient is 0.5, measured); a value that does not broadcast that way is an error.
 """
 import jax.numpy as jnp
+import numpy as np
 
 from jaxops.ops._args import check_flag, check_float, named
 from jaxops.reference import control as ref
@@ -28,17 +36,27 @@ def zero_gradient(old_gradient, reset_signal):
 def _check_accumulate(buffer, value, flag, names):
     check_float(buffer, names[0])
     check_float(value, names[1])
-    if buffer.shape != value.shape:
-        raise ValueError(f"{names[0]} and {names[1]} must share one shape, got {buffer.shape} "
-                         f"and {value.shape}")
+    if buffer.shape != value.shape and not _broadcasts(buffer.shape, value.shape):
+        raise ValueError(f"{names[1]} must have {names[0]}'s shape, or one that shape "
+                         f"broadcasts to, got {buffer.shape} and {value.shape}")
     if flag is not None:
         check_flag(flag, names[2])
+
+
+def _broadcasts(shape, to) -> bool:
+    try:
+        return np.broadcast_shapes(shape, to) == tuple(to)
+    except ValueError:
+        return False
 
 
 def in_place_accumulator(old_sum, value, update_signal=None):
     """ORT InPlaceAccumulator: new_sum = old_sum + value (value cast to old_sum's dtype), or
     old_sum unchanged when update_signal (bool, one element) is false. XLA code: one fused
-    elementwise add (see the module docstring for in-place use)."""
+    elementwise add (see the module docstring for in-place use).
+
+    A value of a shape that old_sum's shape broadcasts to is first summed over the broadcast
+    dims (module docstring: a deliberate difference from ORT 1.19.2)."""
     old_sum, value = jnp.asarray(old_sum), jnp.asarray(value)
     update_signal = None if update_signal is None else jnp.asarray(update_signal)
     with named("in_place_accumulator"):
@@ -53,6 +71,9 @@ def in_place_accumulator_v2(accumulation_buffer, value, overwrite_flag=None):
     accumulation_buffer + value (value cast to the buffer's dtype; absent flag: accumulate).
     updated_flag is bool [1], always true (ORT's shape). XLA code: one fused elementwise op;
     donate the buffer under jit to update it in place (module docstring).
+
+    A value of a shape that the buffer's shape broadcasts to is first summed over the
+    broadcast dims (module docstring: a deliberate difference from ORT 1.19.2).
     """
     accumulation_buffer, value = jnp.asarray(accumulation_buffer), jnp.asarray(value)
     overwrite_flag = None if overwrite_flag is None else jnp.asarray(overwrite_flag)

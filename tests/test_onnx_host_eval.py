@@ -77,7 +77,7 @@ def test_any_op_on_host_values_folds():
              helper.make_node("Cast", ["r"], ["ri"], to=INT64),
              helper.make_node("Concat", ["ri", "minus1"], ["shape"], axis=0),
              helper.make_node("Reshape", ["x", "shape"], ["y"])]
-    m = model(nodes, [vi("x", shape=[4, 12])], ["y"],
+    m = model(nodes, [vi("x", shape=["rows", "cols"])], ["y"],
               {"axes": np.array([0], np.int64), "minus1": np.array([-1], np.int64)}, domains=[MS])
     program = load(m)
     y = jax.jit(lambda x: program(program.params, x))(jnp.ones((4, 12)))

@@ -51,6 +51,7 @@ class DataParallel:
         self.mesh, self.axis_name, self.average = mesh, axis_name, average
         self.shards = mesh.shape[axis_name]
         self._module, self._optimizer = module, optimizer
+        module._train.free_axes = (0,)  # the batch: any size that splits over the devices
         state = module._state
         replicated = NamedSharding(mesh, P())
         state._params = _place(state._params, replicated)

@@ -15,6 +15,7 @@ data even when they are concrete arrays.
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -22,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from jaxops.onnx import registry
+from jaxops.onnx import registry, signature
 from jaxops.onnx.errors import OnnxImportError
 
 _A = onnx.AttributeProto
@@ -275,6 +276,9 @@ class Program:
         self.functions = {(_domain(f.domain), f.name): f for f in model.functions}
         self.python_ops = dict(python_ops or {})
         self._static_names = set(constants)
+        # input axes whose sizes calls do not check against the declared dims: a data-parallel
+        # step runs the graph on any batch that splits over its devices
+        self.free_axes: tuple[int, ...] = ()
         self._plans: dict[int, _Plan] = {}
         self.expansions: dict[tuple, _Plan] = {}  # function bodies, expanded when first run
         self._missing: set[tuple[str, str, int]] = set()
@@ -314,22 +318,6 @@ class Program:
                 return None
         return tuple(shape)
 
-    def _bind_dims(self, given: dict) -> dict:
-        """Symbolic dim name -> size, from the model's declared inputs and this call's values."""
-        dims = {}
-        for vi in self.model.graph.input:
-            value = given.get(vi.name)
-            t = vi.type
-            if value is None or isinstance(value, list) or not t.HasField("tensor_type"):
-                continue
-            declared, shape = t.tensor_type.shape.dim, np.shape(value)
-            if len(declared) != len(shape):
-                continue
-            for d, n in zip(declared, shape):
-                if d.HasField("dim_param") and d.dim_param:
-                    dims.setdefault(d.dim_param, int(n))
-        return dims
-
     def declared_types(self) -> dict:
         """Name -> TypeProto for every value the model declares, completed once by onnx's
         shape inference (which may fail on custom ops: then the declarations alone)."""
@@ -367,6 +355,10 @@ class Program:
         params and moments, which are graph inputs) to its new value. Functional code feeds
         them back in as the next call's inputs."""
         names = self.input_names
+        if params is not None and not isinstance(params, Mapping):
+            raise OnnxImportError(
+                f"the first argument is the params dict (program.params), then the inputs "
+                f"{names}: call program(program.params, *inputs); got {type(params).__name__}")
         if len(args) > len(names):
             raise OnnxImportError(f"the model takes {len(names)} inputs {names}, got {len(args)}")
         given = dict(zip(names, args))
@@ -378,7 +370,9 @@ class Program:
             given[k] = v
         missing = [n for n in names if n not in given]
         if missing:
-            raise OnnxImportError(f"missing model input(s) {missing} (inputs: {names})")
+            raise OnnxImportError(f"missing model input(s) {missing} (inputs: {names}; "
+                                  "call program(program.params, *inputs))")
+        dims = signature.check_inputs(self.model.graph.input, given, self.free_axes)
         if params is None:
             params = {}
         unknown = set(params) - set(self._main.params)
@@ -389,7 +383,7 @@ class Program:
             raise OnnxImportError(f"params lacks initializer(s) {sorted(absent)}")
         updates = {}
         outputs = self._run(self._main, [given[n] for n in names], params, None, updates,
-                            dims=self._bind_dims(given))
+                            dims=dims)
         return outputs, updates
 
     def _run(self, plan: _Plan, inputs, params, outer, updates=None, host_inputs=(),

@@ -129,3 +129,51 @@ def test_ort_reads_jaxops_checkpoint(ort, tmp_path):
     ort.save_checkpoint(state, str(tmp_path / "theirs"), True)
     back = C.load(tmp_path / "theirs")
     _same(ckpt, back)
+
+
+def _module_bytes(trainable, frozen):
+    """A checkpoint whose parameter lists are given as (name, array) pairs, repeats allowed."""
+    b = flatbuffers.Builder(1024)
+    lists = [C._offsets(b, [C._write_tensor(b, k, v) for k, v in pairs])
+             for pairs in (trainable, frozen)]
+    module = C._table(b, [("offset", lists[0]), ("offset", lists[1]), ("bool", None),
+                          ("bool", None)])
+    root = C._table(b, [("int32", C.VERSION), ("offset", module), ("offset", None),
+                        ("offset", None)])
+    b.Finish(root, file_identifier=C.FILE_IDENTIFIER)
+    return bytes(b.Output())
+
+
+def _full(v):
+    return np.full(2, v, np.float32)
+
+
+# (trainable, frozen) -> what ORT 1.19.2 loads: a name's first entry, trainable before frozen
+REPEATS = [
+    (([("w", _full(1))], [("w", _full(2))]), ({"w": 1}, {})),
+    (([("w", _full(1)), ("w", _full(2))], []), ({"w": 1}, {})),
+    (([], [("z", _full(3)), ("z", _full(4))]), ({}, {"z": 3})),
+    (([("a", _full(5)), ("w", _full(1))], [("w", _full(2)), ("z", _full(3))]),
+     ({"a": 5, "w": 1}, {"z": 3})),
+]
+
+
+@pytest.mark.parametrize("lists, want", REPEATS)
+def test_repeated_parameter_names_follow_ort(lists, want):
+    """A name both trainable and frozen stays trainable (ORT keeps a name's first entry); a
+    name repeated within a list keeps its first tensor."""
+    ckpt = C.parse(_module_bytes(*lists))
+    got = tuple({k: float(v[0]) for k, v in d.items()} for d in (ckpt.trainable, ckpt.frozen))
+    assert got == want
+
+
+@pytest.mark.ort
+@pytest.mark.parametrize("lists, want", REPEATS)
+def test_repeated_parameter_names_as_ort_loads_them(ort, tmp_path, lists, want):
+    (tmp_path / "ckpt").write_bytes(_module_bytes(*lists))
+    state = ort.load_checkpoint(str(tmp_path / "ckpt"))
+    got = ({}, {})
+    for name in state.parameter_names():
+        p = state.get_parameter(name)
+        got[0 if p.requires_grad else 1][name] = float(p.data.numpy()[0])
+    assert got == want

@@ -99,6 +99,43 @@ def test_gather_grad_drops_out_of_range(rng):
     np.testing.assert_array_equal(ops.gather_grad((4, 3), jnp.full((6,), 9), dy), 0)
 
 
+@pytest.mark.parametrize("disable", [False, True], ids=["kernel", "reference"])
+def test_int64_indices_beyond_int32_are_dropped(rng, monkeypatch, disable):
+    """x64 on: an int64 index such as 2**32 + 1 is out of range and dropped on every path.
+    (Narrowed to int32 before the range check it became 1 and added gradient to row 1.)"""
+    if disable:
+        monkeypatch.setenv("JAXOPS_DISABLE", "all")
+    far = [2**32 + 1, -(2**32) + 1, 2**62]  # int32 casts: 1, 1, 0
+    dy = random_float(rng, (2, 3), jnp.float64)
+    # gather_elements_grad: element [0, 0] of dY goes to row 2, the far ones nowhere
+    idx = jnp.array([[2, far[0], far[1]], [far[2], far[0], 2]], jnp.int64)
+    out = np.asarray(ops.gather_elements_grad(dy, (4, 3), idx, axis=0))
+    expected = np.zeros((4, 3))
+    expected[2, 0], expected[2, 2] = dy[0, 0], dy[1, 2]
+    np.testing.assert_array_equal(out, expected)
+    # gather_nd_grad: one component far out of range drops the whole tuple
+    idx = jnp.array([[1, 2], [far[0], 0], [0, far[1]], [3, far[2]]], jnp.int64)
+    upd = random_float(rng, (4,), jnp.float64)
+    out = np.asarray(ops.gather_nd_grad((4, 3), idx, upd))
+    expected = np.zeros((4, 3))
+    expected[1, 2] = upd[0]
+    np.testing.assert_array_equal(out, expected)
+    # vmap(gather_grad) with batched indices (the fold into one range of rows)
+    idx = jnp.array([[0, far[0]], [far[1], 3]], jnp.int64)
+    dy = random_float(rng, (2, 2, 3), jnp.float64)
+    out = np.asarray(jax.vmap(lambda i, g: ops.gather_grad((4, 3), i, g))(idx, dy))
+    expected = np.zeros((2, 4, 3))
+    expected[0, 0], expected[1, 3] = dy[0, 0], dy[1, 1]
+    np.testing.assert_array_equal(out, expected)
+    # and vmap over the elements/nd ops
+    idx = jnp.array([[[far[0], 1, 2]], [[0, far[2], 1]]], jnp.int64)
+    dy = random_float(rng, (2, 1, 3), jnp.float64)
+    out = np.asarray(jax.vmap(lambda g, i: ops.gather_elements_grad(g, (4, 3), i))(dy, idx))
+    want = jax.vmap(lambda g, i: ref.gather_elements_grad(g, (4, 3), i))(dy, idx)
+    np.testing.assert_array_equal(out, want)
+    assert out[0, 1, 0] == 0 and out[1, 1, 1] == 0  # the far ones stayed out of row 1
+
+
 def test_gather_grad_is_deterministic(rng):
     # heavy duplicates in a skewed distribution: the same bits every run
     n, v, d = 3000, 37, 40

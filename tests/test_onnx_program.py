@@ -1,8 +1,10 @@
 """The importer's core: load, params, calling under jit/grad/vmap, static shape arithmetic,
 subgraphs, sequences, functions, com.microsoft through ORT_OPS, the inspect CLI."""
 import io
+import os
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -207,6 +209,51 @@ def test_external_data_stays_in_the_model_folder(tmp_path):
         m = with_location("w.bin")
         (tmp_path / "models" / "w.bin").write_bytes(b"\x00" * 4)
         load(m)
+
+
+def _external_model(tmp_path, location):
+    m = tmodel([tnode("Mul", ["x", "w"], ["y"])], ["x"], ["y"])
+    t = m.graph.initializer.add()
+    t.name, t.data_type = "w", TensorProto.FLOAT
+    t.dims.extend(W.shape)
+    t.data_location = TensorProto.EXTERNAL
+    e = t.external_data.add()
+    e.key, e.value = "location", location
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_external_data_reads_regular_files_only(tmp_path):
+    """A FIFO inside the model's folder blocked load() forever (open waits for a writer); a
+    folder or any other non-regular file is refused too."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "folder").mkdir()
+    for location in ("pipe", "folder"):
+        result = []
+
+        def run():
+            try:
+                load(_external_model(tmp_path, location))
+                result.append(None)
+            except Exception as e:  # noqa: BLE001 - checked below
+                result.append(e)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(30)
+        if worker.is_alive():  # release the blocked open, then fail
+            os.close(os.open(tmp_path / "pipe", os.O_WRONLY | os.O_NONBLOCK))
+            pytest.fail(f"load() hung on external data {location!r}")
+        assert isinstance(result[0], OnnxImportError), result
+        assert "not a regular file" in str(result[0]), result
+
+
+def test_external_data_location_with_nul_byte(tmp_path):
+    """os.path raised a bare ValueError ('embedded null byte')."""
+    with pytest.raises(OnnxImportError, match="NUL byte"):
+        load(_external_model(tmp_path, "w\0.bin"))
 
 
 def test_python_op_needs_explicit_opt_in():

@@ -42,11 +42,8 @@ void run(const View& v, const T* dy, const T* y, T* dx) {
 template <typename Math>
 ffi::Error handler(const char* op, ffi::AnyBuffer dy, ffi::AnyBuffer y,
                    ffi::Result<ffi::AnyBuffer> dx, int64_t axis, int64_t through_end) {
-  if (dy.element_type() != y.element_type() || dx->element_type() != y.element_type())
-    return invalid(op, "dY, Y and dX must share one dtype");
-  if (!same_dims(dy, y) || !same_dims(dy, *dx)) return invalid(op, "dY, Y and dX must share one shape");
   View v;
-  if (auto err = make_view(dy.dimensions(), axis, through_end != 0, &v); !err.empty())
+  if (auto err = check_args(dy, y, *dx, axis, through_end != 0, &v); !err.empty())
     return invalid(op, err);
   if (dy.element_count() == 0) return ffi::Error::Success();
   bool ok = dispatch_float(dy.element_type(), [&](auto tag) {

@@ -893,12 +893,8 @@ cudaError_t launch(const View& v, const DeviceInfo& dev, const T* dy, const T* y
 template <class Math>
 ffi::Error handler(const char* op, cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
                    ffi::Result<ffi::AnyBuffer> dx, int64_t axis, int64_t through_end) {
-  if (dy.element_type() != y.element_type() || dx->element_type() != y.element_type())
-    return invalid(op, "dY, Y and dX must share one dtype");
-  if (!same_dims(dy, y) || !same_dims(dy, *dx))
-    return invalid(op, "dY, Y and dX must share one shape");
   View v;
-  if (auto err = make_view(dy.dimensions(), axis, through_end != 0, &v); !err.empty())
+  if (auto err = check_args(dy, y, *dx, axis, through_end != 0, &v); !err.empty())
     return invalid(op, err);
   if (dy.element_count() == 0) return ffi::Error::Success();
   cudaError_t err = cudaSuccess;

@@ -5,6 +5,7 @@ jvp and transpose rules, so reverse mode of concat runs the split kernel and rev
 split runs the concat kernel, to any order. The forward passes run the kernels too.
 """
 from jaxops.ops import concat as ops
+from jaxops.ops._args import static_inputs
 
 __all__ = ["concat", "split"]
 
@@ -15,6 +16,7 @@ def concat(xs, axis=0):
     return out
 
 
+@static_inputs("sizes")
 def split(x, sizes, axis=0):
     """`x` cut along `axis` into pieces of extents `sizes` (static ints); a list of arrays.
     Backward pass = the concat kernel."""

@@ -108,6 +108,17 @@ def _tensor(r: _Reader) -> tuple[str, np.ndarray]:
     return name, np.frombuffer(raw, dtype).reshape(dims).copy()
 
 
+def _first_of_each(tensors, taken=()) -> dict[str, np.ndarray]:
+    """As ORT 1.19 loads parameters (into a map that keeps a name's first entry, trainable ones
+    before frozen ones): a repeated name keeps its first tensor, and a frozen name that is also
+    trainable stays trainable only."""
+    out = {}
+    for name, value in tensors:
+        if name not in out and name not in taken:
+            out[name] = value
+    return out
+
+
 def parse(data: bytes) -> Checkpoint:
     """A checkpoint from the bytes of an ORT checkpoint file."""
     buf = bytearray(data)
@@ -124,8 +135,8 @@ def parse(data: bytes) -> Checkpoint:
             if module.scalar(3, nt.BoolFlags, False):
                 raise CheckpointError("parameters are stored in an external data file, "
                                       "which jaxops does not read")
-            ckpt.trainable = dict(_tensor(t) for t in module.tables(0))
-            ckpt.frozen = dict(_tensor(t) for t in module.tables(1))
+            ckpt.trainable = _first_of_each(_tensor(t) for t in module.tables(0))
+            ckpt.frozen = _first_of_each((_tensor(t) for t in module.tables(1)), ckpt.trainable)
             ckpt.nominal = bool(module.scalar(2, nt.BoolFlags, False))
         for g in root.tables(2):
             states = {s.string(0): dict(_tensor(m) for m in s.tables(1)) for s in g.tables(3)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Callable
 
 import onnx
@@ -98,6 +99,9 @@ def _read_external(t: onnx.TensorProto, folder: str):
     what = f"initializer {t.name!r}: external data {location!r}"
     if not location:
         raise OnnxImportError(f"initializer {t.name!r}: external data without a location")
+    if "\0" in location:  # os.path would raise a bare ValueError ("embedded null byte")
+        raise OnnxImportError(f"initializer {t.name!r}: external data location {location!r} "
+                              "holds a NUL byte")
     root = os.path.realpath(folder)
     path = os.path.realpath(os.path.join(root, location))
     if os.path.isabs(location) or os.path.commonpath([root, path]) != root:
@@ -110,13 +114,24 @@ def _read_external(t: onnx.TensorProto, folder: str):
     if offset < 0 or (length is not None and length < 0):
         raise OnnxImportError(f"{what}: negative offset or length")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        # Only regular files: opening a FIFO to read blocks until a writer comes (forever), and
+        # a device has no end. O_NONBLOCK makes the open return at once; fstat then tells what
+        # was opened (checking before opening would race with the file being swapped).
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(path, flags)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OnnxImportError(f"{what} is not a regular file: refused")
+            size = st.st_size
             if offset + (length or 0) > size:
                 raise OnnxImportError(f"{what}: offset {offset} + length {length} runs past "
                                       f"the end of the file ({size} bytes)")
-            f.seek(offset)
-            data = f.read() if length is None else f.read(length)
+            with open(fd, "rb", closefd=False) as f:
+                f.seek(offset)
+                data = f.read() if length is None else f.read(length)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise OnnxImportError(f"{what}: {e}") from None
     t.raw_data = data

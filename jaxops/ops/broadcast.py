@@ -4,6 +4,7 @@ in a jitted JAX program is static."""
 import numpy as np
 
 from jaxops.ops import _validate as v
+from jaxops.ops._args import static_inputs
 
 
 def _shape(label, s):
@@ -19,6 +20,7 @@ def _shape(label, s):
     return [int(d) for d in a]
 
 
+@static_inputs('a_shape', 'b_shape')
 def broadcast_gradient_args(a_shape, b_shape):
     """ORT BroadcastGradientArgs: (a_axes, b_axes), int64, the output axes over which the
     gradients of A and B must be summed under numpy broadcasting. As ORT, axes run from the

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
-from jaxops.ops._args import named, static_ints
+from jaxops.ops._args import named, static_ints, static_inputs
 from jaxops.reference import concat as ref
 
 _DTYPES = tuple(np.dtype(d) for d in (
@@ -202,6 +202,7 @@ def _static_sizes(split, extent, num_outputs):
     return (extent // num_outputs,) * num_outputs
 
 
+@static_inputs('split')
 def split_training(input, split, axis=0, num_outputs=None):
     """ORT SplitTraining: `input` cut along `axis` into pieces of extents `split`.
 

@@ -30,6 +30,7 @@ from jax import lax
 
 from jaxops._src.disable import disabled
 from jaxops._src.op import Factors, Op, is_undefined, is_zero
+from jaxops.ops._args import static_inputs
 from jaxops.reference import gather as ref
 
 _FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
@@ -71,6 +72,14 @@ def _axis(fail, axis, rank):
     if not -rank <= axis < rank:
         fail(ValueError, f"axis {axis} is out of range for rank {rank}")
     return axis % rank
+
+
+def _wrap_or_drop(idx, size, dtype):
+    """ref.wrap_or_drop in `dtype` (which holds `size`). The range check runs in the wider of
+    idx's dtype and `dtype` BEFORE any narrowing: an int64 index such as 2**32 + 1 cast to
+    int32 first would become 1 and add gradient to row 1 instead of being dropped."""
+    wide = jnp.promote_types(idx.dtype, dtype)
+    return ref.wrap_or_drop(idx.astype(wide), size).astype(dtype)
 
 
 def _index_dtype(limit):
@@ -125,7 +134,7 @@ def _fold(idx, size):
     k becomes b * size + k; a dropped one stays out of range (B * size)."""
     batch = idx.shape[0]
     dtype = _index_dtype(batch * size)
-    k = ref.wrap_or_drop(idx.astype(dtype), size)
+    k = _wrap_or_drop(idx, size, dtype)
     base = lax.broadcasted_iota(dtype, idx.shape, 0) * size
     return jnp.where(k < size, k + base, batch * size)
 
@@ -218,6 +227,7 @@ _GATHER = Op("gather_grad_transpose", shape=_gather_shape,
              batch=_gather_batch, jvp=_gather_jvp, transpose=_gather_transpose)
 
 
+@static_inputs('shape')
 def gather_grad(shape, indices, dY, axis=0):
     """ORT GatherGrad: dX = zeros(shape); dX[..., indices[p], ...] += dY[..., p, ...] along
     `axis`, for every position p of `indices` (any shape; dY's shape is
@@ -266,6 +276,7 @@ def _strides(shape):
     return out[::-1]
 
 
+@static_inputs('shape')
 def gather_elements_grad(dY, shape, indices, axis=0):
     """ORT GatherElementsGrad: dX = zeros(shape); for every position i of dY (and indices,
     same shape), dX[i with i[axis] replaced by indices[i]] += dY[i].
@@ -307,12 +318,13 @@ def _gather_elements_grad(dY, indices, shape, axis):
     for d, stride in enumerate(_strides(shape)):
         if d != axis:
             flat = flat + lax.broadcasted_iota(dtype, dY.shape, d) * stride
-    k = ref.wrap_or_drop(indices.astype(dtype), shape[axis])
+    k = _wrap_or_drop(indices, shape[axis], dtype)
     flat = jnp.where(k < shape[axis], flat + k * _strides(shape)[axis], total)
     out = _GATHER_GRAD.bind(flat.reshape(-1), dY.reshape(-1), axis=0, v=total)
     return out.reshape(shape)
 
 
+@static_inputs('shape')
 def gather_nd_grad(shape, indices, update, batch_dims=0):
     """ORT GatherNDGrad: dX = zeros(shape); update's slices are added where GatherND with
     `batch_dims` would have read them: indices [B..., G..., k] (B = shape[:batch_dims]),
@@ -363,7 +375,7 @@ def _gather_nd_grad(indices, update, shape, b):
     row = jnp.zeros(lead, dtype)
     bad = jnp.zeros(lead, bool)
     for j, stride in enumerate(_strides(sub)):
-        c = ref.wrap_or_drop(indices[..., j].astype(dtype), sub[j])
+        c = _wrap_or_drop(indices[..., j], sub[j], dtype)
         bad = bad | (c == sub[j])
         row = row + c * stride
     for d, stride in enumerate(_strides(shape[:b])):  # batch position, in whole sub-blocks
@@ -377,6 +389,7 @@ def _gather_nd_grad(indices, update, shape, b):
 # SliceGrad
 
 
+@static_inputs('shape', 'starts', 'ends', 'axes', 'steps')
 def slice_grad(dY, shape, starts, ends, axes=None, steps=None):
     """ORT SliceGrad: dX = zeros(shape); dX[Slice(starts, ends, axes, steps)] = dY.
 

@@ -41,6 +41,7 @@ import numpy as np
 from jax import lax
 
 from jaxops._src.compat import mark_varying, varying_axes
+from jaxops.ops._args import static_inputs
 
 PIPELINE_AXIS = "pipe"
 _axis = contextvars.ContextVar("jaxops_pipeline_axis", default=None)
@@ -133,6 +134,7 @@ def _data(op, data):
     return data
 
 
+@static_inputs('remote')
 def send(input_signal, remote, *data, tag, element_types=None, axis_name=None) -> Send:
     """ORT Send: `data` goes to rank `remote` of the pipeline axis. Returns a pending `Send`;
     the transfer happens in the `recv` that takes it (`recv(..., send=handle)`), which also
@@ -144,6 +146,7 @@ def send(input_signal, remote, *data, tag, element_types=None, axis_name=None) -
                 _static_rank("send", remote, "Remote"), data, int(tag), _axis_name(axis_name))
 
 
+@static_inputs('remote')
 def recv(input_signal, remote, *, tag, element_types=None, send=None, axis_name=None):
     """ORT Recv: (OutputSignal, *Data) received from rank `remote` of the pipeline axis. Under
     SPMD it completes the pending `send` of the same transfer (its tag and axis must match);
@@ -165,6 +168,7 @@ def recv(input_signal, remote, *, tag, element_types=None, send=None, axis_name=
                      send.destination, send.data, axis)
 
 
+@static_inputs('source', 'destination')
 def send_recv(input_signal, source, destination, *data, tag=0, axis_name=None):
     """A Send on rank `source` and its Recv on rank `destination` in one call: returns
     (OutputSignal, *received). The same as `recv(input_signal, source, tag=tag,

@@ -9,13 +9,14 @@ import operator
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.ops._args import named, static_ints
+from jaxops.ops._args import named, static_ints, static_inputs
 from jaxops.reference import reduce as ref
 
 _DTYPES = tuple(np.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64,
                                       jnp.int32, jnp.int64))
 
 
+@static_inputs('axes')
 def reduce_sum_training(data, axes, keepdims=1, noop_with_empty_axes=0):
     """ORT ReduceSumTraining: sum of `data` over `axes` (static ints, negative allowed).
 

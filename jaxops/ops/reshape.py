@@ -12,10 +12,11 @@ import math
 
 import jax.numpy as jnp
 
-from jaxops.ops._args import check_float, named, static_ints
+from jaxops.ops._args import check_float, named, static_ints, static_inputs
 from jaxops.reference import reshape as ref
 
 
+@static_inputs('shapes')
 def view(input, *shapes):
     """ORT View: output k = the next prod(shapes[k]) elements of the flattened input,
     reshaped to shapes[k]; the sizes must add up to input.size. Returns a tuple."""
@@ -40,6 +41,7 @@ def _check_indices(indices):
         raise ValueError(f"indices must be 1-D, got shape {indices.shape}")
 
 
+@static_inputs('unflatten_dims')
 def pad_and_unflatten(input, indices, unflatten_dims):
     """ORT PadAndUnflatten: output [M1, M2, d2..] = zeros with flattened row indices[i] set
     to input[i] (input [d1, d2..], indices [d1], unflatten_dims = [M1, M2], static).

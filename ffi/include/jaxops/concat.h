@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "jaxops/checks.h"
 #include "jaxops/dtype.h"
 
 namespace jaxops::concat {
@@ -33,13 +34,17 @@ struct Plan {
 inline std::string make_plan(const ffi::AnyBuffer& whole,
                              const std::vector<std::pair<ffi::AnyBuffer, const void*>>& pieces,
                              int64_t axis, Plan* plan) {
+  // Types first: the byte sizes below hold for whole-byte element types only.
+  if (auto err = check_type("tensor", whole.element_type(), kWholeByteTypes); !err.empty())
+    return err;
+  for (const auto& piece : pieces)
+    if (piece.first.element_type() != whole.element_type()) return "all tensors must share one dtype";
   auto wd = whole.dimensions();
   const int64_t rank = static_cast<int64_t>(wd.size());
   if (rank == 0) return "tensors must have rank >= 1";
   if (axis < 0 || axis >= rank) return "axis " + std::to_string(axis) + " out of range";
   if (pieces.empty()) return "needs at least one piece";
   const size_t item = ffi::ByteWidth(whole.element_type());
-  if (item == 0) return "unsupported dtype";
   *plan = Plan{};
   int64_t inner = 1;  // elements of one row of d[axis+1:]
   for (int64_t i = 0; i < rank; ++i) {
@@ -48,7 +53,6 @@ inline std::string make_plan(const ffi::AnyBuffer& whole,
   }
   int64_t along = 0;  // extent covered so far along axis
   for (const auto& [buf, data] : pieces) {
-    if (buf.element_type() != whole.element_type()) return "all tensors must share one dtype";
     auto d = buf.dimensions();
     if (static_cast<int64_t>(d.size()) != rank) return "all tensors must share one rank";
     for (int64_t i = 0; i < rank; ++i)

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "jaxops/checks.h"
 #include "jaxops/dtype.h"
 
 namespace jaxops::gather {
@@ -51,13 +52,14 @@ inline std::string make_view(ffi::Span<const int64_t> dx_dims, int64_t axis, int
 // The handler's checks, for both platforms: fills the view, or returns an error message.
 inline std::string check_args(const ffi::AnyBuffer& indices, const ffi::AnyBuffer& dy,
                               const ffi::AnyBuffer& dx, int64_t axis, int64_t v, View* w) {
+  for (auto err : {check_type("indices", indices.element_type(), kIndexTypes),
+                   check_type("dY", dy.element_type(), kFloatTypes)})
+    if (!err.empty()) return err;
   if (dy.element_type() != dx.element_type()) return "dY and dX must share one dtype";
   if (auto err = make_view(dx.dimensions(), axis, v, static_cast<int64_t>(indices.element_count()),
                            static_cast<int64_t>(dy.element_count()), w);
       !err.empty())
     return err;
-  const auto it = indices.element_type();
-  if (it != ffi::DataType::S32 && it != ffi::DataType::S64) return "indices must be int32 or int64";
   return {};
 }
 

@@ -69,7 +69,9 @@ auto bind_args(Binding b) {
 // Checks shared by the handlers: dtypes, one shape, whole tiles along the last axis.
 inline std::string check(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y, ffi::DataType in,
                          ffi::DataType out) {
-  if (x.element_type() != in || y.element_type() != out) return "X or Y has the wrong dtype";
+  for (auto err : {check_type("X", x.element_type(), types_of({in})),
+                   check_type("Y", y.element_type(), types_of({out}))})
+    if (!err.empty()) return err;
   if (!same_dims(x, y)) return "X and Y must share one shape";
   auto dx = x.dimensions();
   if (dx.size() == 0 || dx[dx.size() - 1] % kTile != 0)

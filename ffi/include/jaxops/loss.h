@@ -93,9 +93,11 @@ template <typename Binding> auto bind_bwd_bias(Binding b) {
 // Shape checks shared by both platforms; an empty string when valid.
 inline std::string check_rows(const ffi::AnyBuffer& x, const ffi::AnyBuffer& labels,
                               int64_t* rows, int64_t* classes) {
+  for (auto err : {check_type("logits", x.element_type(), kFloatTypes),
+                   check_type("labels", labels.element_type(), types_of({ffi::DataType::S32}))})
+    if (!err.empty()) return err;
   auto d = x.dimensions();
   if (d.size() != 2) return "logits must be [rows, classes]";
-  if (labels.element_type() != ffi::DataType::S32) return "labels must be int32";
   if (labels.dimensions().size() != 1 || labels.dimensions()[0] != d[0])
     return "labels must be [rows]";
   *rows = d[0];

@@ -17,6 +17,7 @@
 #include <string>
 #include <utility>
 
+#include "jaxops/checks.h"
 #include "jaxops/dtype.h"
 
 namespace jaxops::norm {
@@ -117,6 +118,7 @@ inline std::string check_ln(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
                             const ffi::AnyBuffer* mean, const ffi::AnyBuffer& inv,
                             const ffi::AnyBuffer* dx, const ffi::AnyBuffer* dscale,
                             const ffi::AnyBuffer* dbias, int64_t axis, int64_t batch, LnView* v) {
+  if (auto err = check_type("X", x.element_type(), kFloatTypes); !err.empty()) return err;
   if (auto err = make_ln_view(x.dimensions(), axis, batch, v); !err.empty()) return err;
   const int64_t feat = v->groups * v->cols, rows = v->groups * v->rows;
   const ffi::AnyBuffer* big[] = {&x, &dy, dx};
@@ -131,6 +133,7 @@ inline std::string check_bn_grad(const ffi::AnyBuffer& dy, const ffi::AnyBuffer&
                                  const ffi::AnyBuffer& inv, const ffi::AnyBuffer& dx,
                                  const ffi::AnyBuffer& dscale, const ffi::AnyBuffer& dbias,
                                  int64_t batch, BnView* v) {
+  if (auto err = check_type("X", x.element_type(), kFloatTypes); !err.empty()) return err;
   if (auto err = make_bn_view(x.dimensions(), batch, v); !err.empty()) return err;
   const int64_t ch = v->groups * v->c;
   const ffi::AnyBuffer* big[] = {&x, &dy, &dx};
@@ -145,6 +148,7 @@ inline std::string check_bn_train(const ffi::AnyBuffer& x, const ffi::AnyBuffer&
                                   const ffi::AnyBuffer& run_mean, const ffi::AnyBuffer& run_var,
                                   const ffi::AnyBuffer& saved_mean,
                                   const ffi::AnyBuffer& saved_inv, int64_t batch, BnView* v) {
+  if (auto err = check_type("X", x.element_type(), kFloatTypes); !err.empty()) return err;
   if (auto err = make_bn_view(x.dimensions(), batch, v); !err.empty()) return err;
   const int64_t ch = v->groups * v->c;
   const ffi::AnyBuffer* big[] = {&x, &y};

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "jaxops/checks.h"
 #include "jaxops/dtype.h"
 
 namespace jaxops::optim {
@@ -267,8 +268,8 @@ JAXOPS_HD Lamb<A> make_lamb(const float* hyper, float lr, float loss_scale, floa
 // lr: one f32; step: one int32/int64; update_signal and flags: one bool each.
 inline std::string check_scalar(const ffi::AnyBuffer& x, const char* name, ffi::DataType a,
                                 ffi::DataType b) {
+  if (auto err = check_type(name, x.element_type(), types_of({a, b})); !err.empty()) return err;
   if (x.element_count() != 1) return std::string(name) + " must hold one element";
-  if (x.element_type() != a && x.element_type() != b) return std::string(name) + " has the wrong dtype";
   return {};
 }
 
@@ -281,6 +282,8 @@ inline std::string check_adamw(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& s
                    check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
                    check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
                    check_scalar(flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_list_types("operand", in, kFloatTypes),
+                   check_list_types("result", out, kFloatTypes),
                    check_lists(in, out, count, 4, 3)})
     if (!err.empty()) return err;
   if (mode != 0 && mode != 1) return "adam_mode must be 0 or 1";
@@ -293,6 +296,8 @@ inline std::string check_sgd(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& sig
   for (auto err : {check_scalar(lr, "lr", ffi::DataType::F32, ffi::DataType::F32),
                    check_scalar(signal, "update_signal", ffi::DataType::PRED, ffi::DataType::PRED),
                    check_scalar(flag, "flag", ffi::DataType::PRED, ffi::DataType::PRED),
+                   check_list_types("operand", in, kFloatTypes),
+                   check_list_types("result", out, kFloatTypes),
                    check_lists(in, out, count, 2, 1)})
     if (!err.empty()) return err;
   return {};
@@ -310,6 +315,8 @@ inline std::string check_lamb(const ffi::AnyBuffer& signal, const ffi::AnyBuffer
                    check_scalar(lr, "R", ffi::DataType::F32, ffi::DataType::F32),
                    check_scalar(step, "step", ffi::DataType::S64, ffi::DataType::S32),
                    check_scalar(new_step, "new_step", step.element_type(), step.element_type()),
+                   check_list_types("operand", in, kFloatTypes),
+                   check_list_types("result", out, kFloatTypes),
                    check_lists(in, out, count, 4, new_gradients ? 4 : 3)})
     if (!err.empty()) return err;
   if (hyper.element_type() != ffi::DataType::F32 || int64_t(hyper.element_count()) != kHyper * count)

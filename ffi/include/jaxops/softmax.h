@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "jaxops/checks.h"
 #include "jaxops/dtype.h"
 
 namespace jaxops::softmax {
@@ -49,6 +50,16 @@ inline std::string make_view(ffi::Span<const int64_t> dims, int64_t axis, bool t
     else v->inner *= dims[i];
   }
   return {};
+}
+
+// The handlers' checks, for both platforms: types first, then shapes; fills the view.
+inline std::string check_args(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& y,
+                              const ffi::AnyBuffer& dx, int64_t axis, bool through_end, View* v) {
+  if (auto err = check_type("dY", dy.element_type(), kFloatTypes); !err.empty()) return err;
+  if (y.element_type() != dy.element_type() || dx.element_type() != dy.element_type())
+    return "dY, Y and dX must share one dtype";
+  if (!same_dims(dy, y) || !same_dims(dy, dx)) return "dY, Y and dX must share one shape";
+  return make_view(dy.dimensions(), axis, through_end, v);
 }
 
 }  // namespace jaxops::softmax

@@ -100,3 +100,175 @@ def test_is_an_optax_transformation():
         tx.update(params, tx.init(params))
     with pytest.raises(NotImplementedError):
         jo.sgd(0.1, momentum=0.9)
+
+
+# ---- mixed-dtype trees: one kernel launch per dtype -----------------------------------------
+
+def _mixed_problem():
+    """bf16 weights with f32 biases (the usual mixed-precision tree); the loss runs in f32."""
+    rng = np.random.default_rng(1)
+    params = {"w1": jnp.asarray(rng.standard_normal((8, 16)) * 0.3, jnp.bfloat16),
+              "b1": jnp.zeros(16, jnp.float32),
+              "w2": jnp.asarray(rng.standard_normal((16, 1)) * 0.3, jnp.bfloat16),
+              "b2": jnp.zeros(1, jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((32, 8)), jnp.float32)
+    y = jnp.sin(x.sum(1, keepdims=True))
+    f32 = lambda p: jax.tree.map(lambda a: a.astype(jnp.float32), p)
+
+    def loss(p):
+        p = f32(p)
+        return jnp.mean((jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"] - y) ** 2)
+    return params, loss
+
+
+MIXED = {
+    "adamw": (lambda: jo.adamw(LR, weight_decay=WD, **H), lambda: optax.adamw(LR, weight_decay=WD, **H)),
+    "adam": (lambda: jo.adam(LR, **H), lambda: optax.adam(LR, **H)),
+    "sgd": (lambda: jo.sgd(LR), lambda: optax.sgd(LR)),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED))
+@pytest.mark.parametrize("fused", [True, False], ids=["step", "update"])
+def test_mixed_dtype_tree_matches_optax(name, fused):
+    ours, theirs = MIXED[name]
+    params, loss = _mixed_problem()
+    steps = 10
+
+    def run(tx, fused):
+        @jax.jit
+        def step(p, state):
+            g = jax.grad(loss)(p)
+            if fused:
+                return tx.step(g, state, p)
+            updates, state = tx.update(g, state, p)
+            return optax.apply_updates(p, updates), state
+        p, state = params, tx.init(params)
+        for _ in range(steps):
+            p, state = step(p, state)
+        return p, state, step
+
+    got, got_state, step = run(ours(), fused)
+    want, _, _ = run(theirs(), False)
+    for k in params:  # every leaf keeps its dtype and moves
+        assert got[k].dtype == params[k].dtype
+        assert not np.array_equal(got[k], params[k])
+    # optax rounds bf16 moments and updates in bf16 arithmetic, the kernel in f32 then once:
+    # a bf16 weight may end a step an ulp apart, and the loss couples every leaf to the bf16
+    # ones, so over `steps` steps each leaf stays within `steps` bf16 ulps at its magnitude
+    # (test_mixed_dtype_step_rounding holds one step to each leaf's own dtype)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for k in params:
+        w = np.asarray(want[k], np.float64)
+        tol = steps * eps * (np.max(np.abs(w)) + LR)
+        np.testing.assert_allclose(np.asarray(got[k], np.float64), w, rtol=0, atol=tol, err_msg=k)
+    if name != "sgd":
+        assert got_state.mu["w1"].dtype == jnp.bfloat16 and got_state.nu["b1"].dtype == jnp.float32
+    # one kernel launch per dtype group (bf16 and f32), not per tensor
+    kernel = "jaxops_sgd_optimizer_v2" if name == "sgd" else "jaxops_adamw_optimizer"
+    state = ours().init(params)
+    assert str(jax.make_jaxpr(step)(params, state)).count(kernel + "[") == 2
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+def test_mixed_dtype_step_rounding(name):
+    """One step from optax's own state after 5 steps: each leaf within its dtype's rounding."""
+    ours, theirs = MIXED[name]
+    params, loss = _mixed_problem()
+    tx = theirs()
+    state = tx.init(params)
+    for _ in range(5):
+        updates, state = tx.update(jax.grad(loss)(params), state, params)
+        params = optax.apply_updates(params, updates)
+    adam = next(s for s in state if isinstance(s, optax.ScaleByAdamState))
+    g = jax.grad(loss)(params)
+    updates, new_state = tx.update(g, state, params)
+    want, want_adam = optax.apply_updates(params, updates), new_state[0]
+    got, got_state = ours().step(g, jo.AdamState(adam.count, adam.mu, adam.nu), params)
+    for k in params:
+        eps = float(jnp.finfo(params[k].dtype).eps)
+        for a, b, what in ((got[k], want[k], "w"), (got_state.mu[k], want_adam.mu[k], "mu"),
+                           (got_state.nu[k], want_adam.nu[k], "nu")):
+            assert a.dtype == b.dtype == params[k].dtype
+            b = np.asarray(b, np.float64)
+            # optax rounds each of its 3-5 operations in the leaf's dtype, the kernel once (f32
+            # math): a few ulps of the leaf's dtype (seen: 2.5 f32 ulps, 1 bf16 ulp)
+            np.testing.assert_allclose(np.asarray(a, np.float64), b, rtol=0,
+                                       atol=4 * eps * np.max(np.abs(b)), err_msg=f"{k} {what}")
+
+
+# ---- traced hyperparameters: optax.inject_hyperparams -----------------------------------------
+
+def _sched(a, b):
+    """a for 8 steps, then b: f32-exact values, so f64 runs agree to f64 rounding."""
+    return optax.piecewise_constant_schedule(a, {8: b / a})
+
+
+_B1, _B2 = _sched(0.875, 0.75), _sched(1 - 2**-10, 1 - 2**-6)
+_ADAMW_KW = dict(learning_rate=LR, weight_decay=WD, **H)
+INJECTED = {  # name -> (jaxops factory, optax factory, kwargs with one hyperparameter scheduled)
+    "adamw-learning_rate": (jo.adamw, optax.adamw,
+                            {**_ADAMW_KW, "learning_rate": _sched(LR, LR / 4)}),
+    "adamw-b1": (jo.adamw, optax.adamw, {**_ADAMW_KW, "b1": _B1}),
+    "adamw-b2": (jo.adamw, optax.adamw, {**_ADAMW_KW, "b2": _B2}),
+    "adamw-eps": (jo.adamw, optax.adamw, {**_ADAMW_KW, "eps": _sched(2**-20, 2**-10)}),
+    "adamw-weight_decay": (jo.adamw, optax.adamw, {**_ADAMW_KW, "weight_decay": _sched(WD, 8 * WD)}),
+    "adam-b1": (jo.adam, optax.adam, dict(learning_rate=LR, **{**H, "b1": _B1})),
+    "sgd-learning_rate": (jo.sgd, optax.sgd, dict(learning_rate=_sched(LR, LR / 4))),
+    "lamb-b2": (jo.lamb, optax.lamb, {**_ADAMW_KW, "b2": _B2}),
+}
+
+
+def _train_injected(tx, steps=16):
+    params, loss = _problem(jnp.float64)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(p, state):
+        updates, state = tx.update(jax.grad(loss)(p), state, p)
+        return optax.apply_updates(p, updates), state
+
+    state = tx.init(params)
+    for _ in range(steps):
+        params, state = step(params, state)
+    return params, state
+
+
+@pytest.mark.parametrize("name", list(INJECTED))
+def test_inject_hyperparams_matches_optax(name):
+    ours, theirs, kwargs = INJECTED[name]
+    got, state = _train_injected(optax.inject_hyperparams(ours)(**kwargs))
+    expected, _ = _train_injected(optax.inject_hyperparams(theirs)(**kwargs))
+    assert _max_rel(got, expected) < 1e-11
+    scheduled = next(k for k, v in kwargs.items() if callable(v))
+    assert float(state.hyperparams[scheduled]) == float(kwargs[scheduled](16))  # it did change
+
+
+def test_inject_hyperparams_keeps_the_kernel_with_static_args():
+    params, loss = _problem(jnp.float32)
+    g = jax.grad(loss)(params)
+    kw = dict(learning_rate=_sched(LR, LR / 4), weight_decay=WD, **H)
+    traced = optax.inject_hyperparams(jo.adamw)(**kw)
+    static_args = ("b1", "b2", "eps", "weight_decay")
+    static = optax.inject_hyperparams(jo.adamw, static_args=static_args)(**kw)
+    jaxpr = lambda tx: str(jax.make_jaxpr(tx.update)(g, tx.init(params), params))
+    # traced b1/b2/eps/weight_decay are XLA code (the kernel takes them as attributes);
+    # a traced learning rate is a kernel operand
+    assert "jaxops_adamw_optimizer" not in jaxpr(traced)
+    assert "jaxops_adamw_optimizer" in jaxpr(static)
+    a, _ = jax.jit(traced.update)(g, traced.init(params), params)
+    b, _ = jax.jit(static.update)(g, static.init(params), params)
+    assert _max_rel(a, b) < 1e-6
+
+
+def test_traced_hyperparameters_as_jit_arguments():
+    params, loss = _problem(jnp.float64)
+    g = jax.grad(loss)(params)
+
+    @jax.jit
+    def step(b1, wd):  # jaxops.optim.adamw built inside jit from traced values
+        tx = jo.adamw(LR, b1=b1, weight_decay=wd, b2=H["b2"], eps=H["eps"])
+        return tx.step(g, tx.init(params), params)[0]
+
+    tx = jo.adamw(LR, b1=0.75, weight_decay=2 * WD, b2=H["b2"], eps=H["eps"])
+    want = tx.step(g, tx.init(params), params)[0]  # kernel, static attributes
+    assert _max_rel(step(0.75, 2 * WD), want) < 1e-12

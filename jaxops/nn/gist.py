@@ -4,11 +4,13 @@ and the backward pass, as ORT's GIST graph transformer did with its Gist*Encoder
     layer = gist_checkpoint(lambda x, w, b: jax.nn.gelu(x @ w + b), format="pack16")
     y = layer(x, w, b)          # forward as usual; saves pack16(x), w and b, nothing else
 
-`gist_checkpoint(f, format, argnums=0)` returns f with a `jax.custom_vjp`: the forward runs f and
-saves the `argnums` arguments encoded in `format` (the other arguments, a layer's weights, as
-they are) instead of f's intermediate values; the backward decodes them and runs jax.vjp of f
-there (rematerialisation from a compressed input). So the saved memory per layer is the
-compressed input alone, and the gradient is f's exact gradient at the decoded input.
+`gist_checkpoint(f, format, argnums=0)` returns f with a `jax.custom_jvp`: the primal pass runs
+f and encodes the `argnums` arguments in `format`; the tangent is jax.jvp of f at the decoded
+values (the other arguments, a layer's weights, as they are), inside `jax.checkpoint`, so
+reverse mode saves the encoded values instead of f's intermediate values and its backward
+decodes them and transposes f's jvp there (rematerialisation from a compressed input). So the
+saved memory per layer is the compressed input alone, the gradient is f's exact gradient at
+the decoded input, and forward mode gives the same derivative (jvp at the decoded input).
 
 Formats:
   "pack16"    float32 -> float16 (GistPack16; 2 bytes per element). Gradients are f's at
@@ -107,25 +109,23 @@ def gist_checkpoint(f, format="pack16", *, argnums=0):
             check(format, x)
             likes[i] = jax.ShapeDtypeStruct(x.shape, x.dtype)
 
-        @jax.custom_vjp
+        @jax.custom_jvp
         def run(*a):
             return f(*a)
 
-        def fwd(*a):
-            packed = jax.lax.optimization_barrier({i: encode(a[i]) for i in likes})
+        @jax.checkpoint  # the backward recomputes from the saved values alone
+        def tangent(saved, tangents):
+            restored = tuple(decode(s, likes[i]) if i in likes else s for i, s in enumerate(saved))
+            return jax.jvp(f, restored, tangents)[1]
+
+        @run.defjvp
+        def run_jvp(primals, tangents):
             # the barrier keeps XLA from fusing encode+decode into the backward, which would
             # read (and so keep alive) the uncompressed input instead of the packed bytes
-            return f(*a), tuple(packed[i] if i in likes else x for i, x in enumerate(a))
+            packed = jax.lax.optimization_barrier({i: encode(primals[i]) for i in likes})
+            saved = tuple(packed[i] if i in likes else x for i, x in enumerate(primals))
+            return f(*primals), tangent(saved, tuple(tangents))
 
-        def bwd(saved, cotangent):
-            # tie the decode to the cotangent, so that XLA cannot schedule it (and the f32
-            # tensors it makes) before the backward pass reaches this layer
-            saved, cotangent = jax.lax.optimization_barrier((saved, cotangent))
-            restored = [decode(s, likes[i]) if i in likes else s for i, s in enumerate(saved)]
-            _, vjp = jax.vjp(f, *restored)
-            return vjp(cotangent)
-
-        run.defvjp(fwd, bwd)
         return run(*(jnp.asarray(a) if i in likes else a for i, a in enumerate(args)))
 
     return wrapped

@@ -2,10 +2,11 @@
 
 The forward kernel reads the logits once and keeps only each row's nll and logsumexp; the
 backward kernel recomputes the softmax from the logits and that logsumexp and writes d_logits
-once, so log_prob never exists in memory. Higher-order derivatives differentiate the kernels'
-pure-JAX references.
+once, so log_prob never exists in memory. The per-row nll is a `jax.custom_jvp` whose tangent
+map (`rows_jvp`, XLA code) is linear with the backward kernel as its transpose: forward mode
+works, reverse mode runs the kernel, and higher orders differentiate the kernels' pure-JAX
+references. Weights, ignore_index and the reduction are jnp code around the nll.
 """
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -49,44 +50,20 @@ def _prepare(logits, labels, weights, ignore_index):
     return logits.reshape(-1, c), ops._row_labels(l, c, ignored), w, ignored, lc
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _cross_entropy(logits, labels, weights, ignore_index, reduction):
-    return _forward(logits, labels, weights, ignore_index, reduction)[0]
+    x, lab, w, ignored, _ = _prepare(logits, labels, weights, ignore_index)
+    per_row = jnp.where(ignored, 0, w * _row_nll(x, lab))
+    loss = ref.reduce_loss(per_row, w, reduction)  # weights' gradient: jnp autodiff of this
+    return (loss.reshape(labels.shape) if reduction == "none" else loss).astype(logits.dtype)
 
 
-def _forward(logits, labels, weights, ignore_index, reduction):
-    x, lab, w, ignored, lc = _prepare(logits, labels, weights, ignore_index)
-    nll, lse = ops.rows_forward(x, lab)
-    per_row = jnp.where(ignored, 0, w * nll)
-    loss = ref.reduce_loss(per_row, w, reduction)
-    loss = (loss.reshape(labels.shape) if reduction == "none" else loss).astype(logits.dtype)
-    return loss, (logits, labels, weights, lse, nll)
+@jax.custom_jvp
+def _row_nll(x, labels):
+    return ops.rows_forward(x, labels)[0]
 
 
-def _fwd(logits, labels, weights, ignore_index, reduction):
-    return _forward(logits, labels, weights, ignore_index, reduction)
-
-
-def _bwd(ignore_index, reduction, res, ct):
-    logits, labels, weights, lse, nll = res
-    x, lab, w, ignored, lc = _prepare(logits, labels, weights, ignore_index)
-    ct_rows = ct.reshape(-1) if reduction == "none" else ct.reshape(())
-    g = ref.grad_scale(ct_rows, w, ignored, reduction)
-    d = ops.rows_grad(g, x, lse, lab, out_dtype=logits.dtype).reshape(logits.shape)
-    d_weights = None
-    if weights is not None:
-        # d loss / d w_i: ct_i * nll_i (none, sum); ct * (nll_i - loss) / sum(w) (mean)
-        ct_t = ct_rows.astype(w.dtype)
-        if reduction == "mean":
-            den = jnp.sum(w)
-            mean = jnp.where(den == 0, 0, jnp.sum(jnp.where(ignored, 0, w * nll)) /
-                             jnp.where(den == 0, 1, den))
-            dw = jnp.where(den == 0, 0, ct_t * (nll - mean) / jnp.where(den == 0, 1, den))
-        else:
-            dw = ct_t * nll
-        dw = jnp.where(ignored, 0, dw)
-        d_weights = jnp.zeros(weights.shape, w.dtype).at[lc].add(dw).astype(weights.dtype)
-    return d, None, d_weights
-
-
-_cross_entropy.defvjp(_fwd, _bwd)
+@_row_nll.defjvp
+def _row_nll_jvp(primals, tangents):
+    (x, labels), (t, _) = primals, tangents
+    nll, lse = ops.rows_forward(x, labels)
+    return nll, ops.rows_jvp(t, x, lse, labels)

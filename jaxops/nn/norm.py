@@ -1,11 +1,13 @@
 """layer_norm and rms_norm whose backward passes run ORT's gradient kernels.
 
-Both are `jax.custom_vjp`: the forward pass is XLA's (it fuses into its neighbours) and saves
-the per-row mean (layer_norm) and inverse std in f32 (f64 for f64 inputs); the backward pass is
-LayerNormalizationGrad / SimplifiedLayerNormalizationGrad. Higher-order gradients differentiate
-those ops through their references. The output has x's dtype; `axis` is the first normalised
-dim (ORT's convention: every dim from `axis` on is normalised) and scale/bias hold
-x.shape[axis:] values.
+Both are `jax.custom_jvp`: the forward pass is XLA's (it fuses into its neighbours) and keeps
+the per-row mean (layer_norm) and inverse std in f32 (f64 for f64 inputs); the tangent map
+(`ops.norm.ln_jvp`, XLA code) is linear in the tangents of x, scale and bias, and its transpose
+is one LayerNormalizationGrad / SimplifiedLayerNormalizationGrad call giving all three
+gradients. So forward mode works and reverse mode runs the kernels; higher-order gradients
+differentiate those ops through their references. The output has x's dtype; `axis` is the
+first normalised dim (ORT's convention: every dim from `axis` on is normalised) and scale/bias
+hold x.shape[axis:] values.
 """
 import functools
 
@@ -37,29 +39,23 @@ def _apply(x, centred, inv, scale, bias, axis):
     return y.astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def layer_norm(x, scale, bias, axis=-1, epsilon=1e-5):
-    """(x - mean) / sqrt(var + epsilon) * scale + bias over the dims from `axis` on;
-    backward pass = LayerNormalizationGrad."""
+    """(x - mean) / sqrt(var + epsilon) * scale + bias over the dims from `axis` on (bias may
+    be None); backward pass = LayerNormalizationGrad."""
     _, centred, _, inv = _stats(x, axis, epsilon, rms=False)
     return _apply(x, centred, inv, scale, bias, axis)
 
 
-def _layer_norm_fwd(x, scale, bias, axis, epsilon):
+@layer_norm.defjvp
+def _layer_norm_jvp(axis, epsilon, primals, tangents):
+    (x, scale, bias), (tx, ts, tb) = primals, tangents
     _, centred, mean, inv = _stats(x, axis, epsilon, rms=False)
-    return _apply(x, centred, inv, scale, bias, axis), (x, scale, bias, mean, inv)
+    y = _apply(x, centred, inv, scale, bias, axis)
+    return y, ops.ln_jvp(ref.LAYER, tx, ts, tb, x, scale, mean, inv, axis)
 
 
-def _layer_norm_bwd(axis, epsilon, res, dy):
-    x, scale, bias, mean, inv = res
-    dx, dscale, dbias = ops.ln_grad(ref.LAYER, dy, x, scale, None, mean, inv, axis)
-    return dx, dscale, dbias.reshape(bias.shape).astype(bias.dtype)
-
-
-layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def rms_norm(x, scale, axis=-1, epsilon=1e-5):
     """x / sqrt(mean(x^2) + epsilon) * scale over the dims from `axis` on;
     backward pass = SimplifiedLayerNormalizationGrad."""
@@ -67,15 +63,9 @@ def rms_norm(x, scale, axis=-1, epsilon=1e-5):
     return _apply(x, centred, inv, scale, None, axis)
 
 
-def _rms_norm_fwd(x, scale, axis, epsilon):
+@rms_norm.defjvp
+def _rms_norm_jvp(axis, epsilon, primals, tangents):
+    (x, scale), (tx, ts) = primals, tangents
     _, centred, _, inv = _stats(x, axis, epsilon, rms=True)
-    return _apply(x, centred, inv, scale, None, axis), (x, scale, inv)
-
-
-def _rms_norm_bwd(axis, epsilon, res, dy):
-    x, scale, inv = res
-    dx, dscale, _ = ops.ln_grad(ref.SIMPLIFIED, dy, x, scale, None, None, inv, axis)
-    return dx, dscale
-
-
-rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+    y = _apply(x, centred, inv, scale, None, axis)
+    return y, ops.ln_jvp(ref.SIMPLIFIED, tx, ts, None, x, scale, None, inv, axis)

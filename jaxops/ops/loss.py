@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops._src.disable import disabled
-from jaxops._src.op import Factors, Op, batch_at_front
+from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
 from jaxops.reference import loss as ref
 
 _FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
@@ -123,6 +123,34 @@ _BWD = Op("softmax_cross_entropy_rows_grad", shape=_bwd_shape, reference=ref.row
 _BWD_BIAS = Op("softmax_cross_entropy_rows_grad_bias", shape=_bwd_shape,
                reference=ref.rows_grad_bias, batch=_batch_rows, target="jaxops_sce_bwd_bias",
                ffi_attrs=_out_type_attr, factors=_bwd_factors)
+
+
+def _jvp_shape(t, x, lse, labels):
+    acc = _check_x_labels(x, labels)
+    if t.dtype != x.dtype or t.shape != x.shape:
+        raise TypeError(f"t must be {x.dtype}{x.shape}, got {t.dtype}{t.shape}")
+    _check_vec("lse", lse, x.shape[0], acc)
+    return jax.ShapeDtypeStruct(x.shape[:1], acc)
+
+
+def _jvp_transpose(op, ct, t, x, lse, labels):
+    if not is_undefined(t) or any(is_undefined(v) for v in (x, lse, labels)):
+        raise NotImplementedError(f"{op.name} is linear in its first operand only")
+    if is_zero(ct):
+        return None, None, None, None
+    return rows_grad(ct, x, lse, labels, out_dtype=t.aval.dtype), None, None, None
+
+
+# The nll's tangent map (XLA code: forward mode only); its transpose is the backward kernel, so
+# reverse mode through jaxops.nn.cross_entropy's custom_jvp runs the kernel.
+_JVP = Op("softmax_cross_entropy_rows_jvp", shape=_jvp_shape, reference=ref.rows_jvp,
+          batch=_batch_rows, impl=ref.rows_jvp, transpose=_jvp_transpose)
+
+
+def rows_jvp(t, x, lse, labels):
+    """Per-row tangent of nll at logits x [R, C] (lse from rows_forward) along t; linear in
+    t, transposed by the rows_grad kernel."""
+    return _JVP(t, x, lse, labels)
 
 
 def rows_forward(x, labels, log_prob_dtype=None):

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops._src.op import Factors, Op, batch_at_front
+from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
 from jaxops.reference import norm as ref
 
 _FLOATS = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
@@ -105,6 +105,61 @@ _LAYER = _ln_op("layer_normalization_grad", ref.LAYER)
 _SIMPLIFIED = _ln_op("simplified_layer_normalization_grad", ref.SIMPLIFIED)
 _INVERTIBLE = _ln_op("invertible_layer_normalization_grad", ref.INVERTIBLE)
 _LN_OPS = {ref.LAYER: _LAYER, ref.SIMPLIFIED: _SIMPLIFIED, ref.INVERTIBLE: _INVERTIBLE}
+
+
+# The tangent maps of jaxops.nn.layer_norm / rms_norm: operands (tx, ts[, tb], x, scale[, mean],
+# inv) in the kernels' layout, linear in the leading tangents. XLA code (forward mode only);
+# the transpose is the gradient kernel, one call giving every cotangent.
+def _jvp_n(mode):
+    return 2 if mode == ref.SIMPLIFIED else 3
+
+
+def _ln_jvp_shape(mode):
+    grad_shape = _ln_shape(mode)
+
+    def shape(*args, axis, batch):
+        n = _jvp_n(mode)
+        tangents, primals = args[:n], args[n:]
+        grad_shape(tangents[0], *primals, axis=axis, batch=batch)  # dy = tx: the kernel's checks
+        for t, like in zip(tangents, (primals[0], primals[1], primals[1])):
+            if t.dtype != like.dtype or t.shape != like.shape:
+                raise TypeError(f"tangent {t.dtype}{t.shape} must be {like.dtype}{like.shape}")
+        return _struct(primals[0].shape, primals[0].dtype)
+    return shape
+
+
+def _ln_jvp_reference(mode):
+    def reference(*args, axis, batch):
+        n = _jvp_n(mode)
+        (tx, ts, *tb), (x, scale, *stats) = args[:n], args[n:]
+        mean = stats[0] if mode == ref.LAYER else None
+        return ref.ln_jvp_core(mode, tx, ts, tb[0] if tb else None, x, scale, mean, stats[-1],
+                               axis=axis, batch=batch)
+    return reference
+
+
+def _ln_jvp_transpose(mode):
+    def transpose(op, ct, *args, axis, batch):
+        n = _jvp_n(mode)
+        if any(is_undefined(a) for a in args[n:]):
+            raise NotImplementedError(f"{op.name} is linear in its tangent operands only")
+        if is_zero(ct):
+            return (None,) * len(args)
+        grads = _LN_OPS[mode](ct, *args[n:], axis=axis, batch=batch)
+        # a tangent passed as a (zero) constant gets no cotangent
+        return tuple(g if is_undefined(a) else None for g, a in zip(grads, args[:n])) + \
+            (None,) * (len(args) - n)
+    return transpose
+
+
+def _ln_jvp_batch(op, args, dims, *, axis, batch):
+    return op.bind(*batch_at_front(args, dims), axis=axis + 1, batch=batch + 1), 0
+
+
+_LN_JVPS = {mode: Op(f"{name}_jvp", shape=_ln_jvp_shape(mode),
+                     reference=_ln_jvp_reference(mode), batch=_ln_jvp_batch,
+                     impl=_ln_jvp_reference(mode), transpose=_ln_jvp_transpose(mode))
+            for mode, name in ((ref.LAYER, "layer_norm"), (ref.SIMPLIFIED, "rms_norm"))}
 
 
 def _bn_small_shape(x, batch):
@@ -263,6 +318,23 @@ def ln_grad(mode, dy, x, scale, bias, mean, inv, axis):
             ref.INVERTIBLE: (dy_, x_, s, b, i)}[mode]
     outs = tuple(_LN_OPS[mode](*args, axis=axis, batch=0))
     return ref.finish_ln(outs + (None,) * (3 - len(outs)), x.dtype, scale)
+
+
+def ln_jvp(mode, tx, ts, tb, x, scale, mean, inv, axis):
+    """Tangent of jaxops.nn's layer_norm (mode LAYER) / rms_norm (SIMPLIFIED, tb None) at
+    (x, scale) with the forward's mean and inv (any shape of one value per row), along
+    (tx, ts, tb); tb None with LAYER: a layer without bias. Its transpose is one
+    LayerNormalizationGrad / SimplifiedLayerNormalizationGrad call."""
+    axis = axis % x.ndim
+    a = ref.acc_dtype(x.dtype)
+    feat, rows = x.shape[axis:], x.shape[:axis]
+    small = lambda v, shape: v.astype(a).reshape(shape)
+    tangents = [tx.astype(x.dtype), small(ts, feat)]
+    stats = [small(inv, rows)]
+    if mode == ref.LAYER:
+        tangents.append(jnp.zeros(feat, a) if tb is None else small(tb, feat))
+        stats.insert(0, small(mean, rows))
+    return _LN_JVPS[mode](*tangents, x, small(scale, feat), *stats, axis=axis, batch=0)
 
 
 def layer_normalization_grad(Y_grad, X, scale, mean, inv_std_dev, axis=-1, epsilon=None,

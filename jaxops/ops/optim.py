@@ -79,6 +79,16 @@ def _signal(update_signal):
     return jnp.ones((1,), bool) if update_signal is None else jnp.asarray(update_signal)
 
 
+def _concrete(value):
+    """value as a Python float, or None when it is traced (a jit argument, optax's
+    inject_hyperparams): the kernels take hyperparameters as static FFI attributes, so a
+    traced one sends the call to the reference (XLA code)."""
+    try:
+        return float(value)
+    except jax.errors.ConcretizationTypeError:
+        return None
+
+
 # ---- multi-tensor kernels: flat operands (scalars..., list 0..., list 1..., ...) ----------------
 
 class _ListFactors(Factors):
@@ -279,14 +289,23 @@ def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, upda
     has step's shape. lr: one float32; step: one int64 (int32 accepted, as JAX without x64
     has no int64). Weights and moments share a dtype (f16/bf16/f32/f64); gradients have it too,
     or are f16/bf16 with f32 weights. Math in f32 (f64 for f64). The weight and moment lists
-    alias their inputs (donate them to update in place).
+    alias their inputs (donate them to update in place). alpha, beta, epsilon and weight_decay
+    may be traced scalars (jit arguments, optax.inject_hyperparams): the kernel takes them as
+    attributes, so such a call runs the reference as XLA code (same math, no kernel).
     """
     lists = [_as_list(x, n) for x, n in ((weights, "weights"), (gradients, "gradients"),
                                          (momentums_1, "momentums_1"), (momentums_2, "momentums_2"))]
     count = len(lists[0])
-    out = _ADAMW(lr, step, _signal(update_signal), *[x for xs in lists for x in xs],
-                 count=count, alpha=alpha, beta=beta, epsilon=epsilon, weight_decay=weight_decay,
-                 correct_bias=correct_bias, adam_mode=adam_mode)
+    hyper = dict(alpha=alpha, beta=beta, epsilon=epsilon, weight_decay=weight_decay)
+    static = {k: _concrete(v) for k, v in hyper.items()}
+    args = (jnp.asarray(lr), jnp.asarray(step), _signal(update_signal),
+            *[x for xs in lists for x in xs])
+    modes = dict(count=count, correct_bias=correct_bias, adam_mode=adam_mode)
+    if None in static.values():  # traced: XLA code, validated as the kernel path is
+        _ADAMW.check(*args, **modes, **dict.fromkeys(hyper, 0.0))
+        out = _adamw_ref(*args, **modes, **hyper)
+    else:
+        out = _ADAMW(*args, **modes, **static)
     return out[0], list(out[1:1 + count]), list(out[1 + count:1 + 2 * count]), list(out[1 + 2 * count:])
 
 
@@ -373,7 +392,15 @@ def _per_group(value, n, name):
     value = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * n
     if len(value) < n:
         raise ValueError(f"{name} has {len(value)} values for {n} groups")
-    return [float(v) for v in value[:n]]
+    return [v if _concrete(v) is None else float(v) for v in value[:n]]
+
+
+def _hyper(columns):
+    """The LAMB kernel's [groups, 5] f32 operand; traced values (jit arguments) join it too."""
+    if all(isinstance(v, float) for col in columns for v in col):
+        return jnp.asarray(np.stack(columns, axis=1).astype(np.float32))
+    return jnp.stack([jnp.stack([jnp.asarray(v, jnp.float32) for v in col]) for col in columns],
+                     axis=1)
 
 
 def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, alpha=0.9,
@@ -397,7 +424,9 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, a
     f32 weights and moments with one gradient dtype (f32/f16/bf16) for all groups run the
     multi-tensor kernel (one launch: per-chunk norm partials, then the update; deterministic);
     other dtype mixes, and vmap, run the reference as XLA code. Sharded tensors are gathered:
-    the trust ratio needs each tensor's whole norm.
+    the trust ratio needs each tensor's whole norm. The per-group attributes may be traced
+    scalars (they reach the kernel as an operand); traced ratio_min/ratio_max (kernel
+    attributes) run the reference.
     """
     lam = kwargs.pop("lambda", 0.0)
     if kwargs:
@@ -434,10 +463,12 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, a
     except (TypeError, ValueError) as e:
         raise _error("lamb_optimizer", e) from None
     kw = dict(ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
-    if _lamb_kernel_fits(groups, R, loss_scale, gradient_norm):
+    # ratio_min/ratio_max are kernel attributes: traced ones run the reference
+    static_ratios = None not in (_concrete(ratio_min), _concrete(ratio_max))
+    if static_ratios and _lamb_kernel_fits(groups, R, loss_scale, gradient_norm):
         return _lamb_kernel(update_signal, loss_scale, gradient_norm, R, step, groups,
-                            np.stack([al, be, la, ep, mx], axis=1).astype(np.float32),
-                            new_gradients=bool(new_gradients), **kw)
+                            _hyper([al, be, la, ep, mx]), new_gradients=bool(new_gradients),
+                            **kw)
     new_step, outs = ref.lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, groups,
                                         alpha=al, beta=be, lambda_=la, epsilon=ep,
                                         max_norm_clip=mx, **kw)

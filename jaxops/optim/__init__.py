@@ -4,8 +4,9 @@ Each constructor returns an `optax.GradientTransformation` (init/update, usable 
 `optax.chain` and with `optax.apply_updates`) that also has a `step(grads, state, params) ->
 (new_params, new_state)` method: the fused path, which hands the parameter and moment
 buffers to the kernel, so under `jax.jit(..., donate_argnums=...)` they are updated in place
-with one kernel launch for the whole parameter tree. `update` runs the same kernel and returns
-`new_params - params` (one more pass, and rounding of that difference), as optax expects.
+with one kernel launch per dtype of the parameter tree (a bf16 + f32 tree: two). `update`
+runs the same kernels and returns `new_params - params` (one more pass, and rounding of that
+difference), as optax expects.
 
 Semantics against optax (equal to f32 rounding where they coincide):
 - `adamw`/`adam`: optax.adamw/adam exactly (ORT adam_mode 0, bias-corrected, with optax's
@@ -16,6 +17,13 @@ Semantics against optax (equal to f32 rounding where they coincide):
 - `lamb`: optax.lamb when ratio_min/ratio_max are left at -inf/+inf; ORT clamps the trust
   ratio to [ratio_min, ratio_max] when given, and zeroes non-finite directions (keeping the
   moments) where optax propagates them.
+- Hyperparameters may be traced scalars (jit arguments; `optax.inject_hyperparams`, which
+  makes every numeric argument one). The learning rate always reaches the kernels as an
+  operand; b1, b2, eps and weight_decay are static attributes of the AdamW kernel, so a
+  traced one runs that step as XLA code (the reference: same math, no kernel). To keep the
+  kernel while injecting the learning rate, name the others static:
+  `optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"))`.
+  LAMB's kernel takes them as an operand; its ratio_min/ratio_max are attributes.
 - `clip_by_global_norm`: ORT's InplaceClipGradNorm scales by min(max_norm/(norm + 1e-6), 1);
   optax by max_norm/max(norm, max_norm): they differ by about 1e-6 relative when clipping.
 """
@@ -66,6 +74,20 @@ def _lr(learning_rate, count):
     return jnp.reshape(jnp.asarray(lr, jnp.float32), (1,))
 
 
+def _by_dtype(lists):
+    """Tensor indices grouped by their dtypes across the lists (weights, gradients, moments),
+    in first-seen order: each kernel launch takes one weight dtype (bf16 and f32 leaves of one
+    tree step in two launches)."""
+    groups = {}
+    for i, dtypes in enumerate(zip(*[[x.dtype for x in xs] for xs in lists])):
+        groups.setdefault(dtypes, []).append(i)
+    return list(groups.values())
+
+
+def _pick(xs, idx):
+    return [xs[i] for i in idx]
+
+
 def _moments_init(params):
     zeros = jax.tree.map(jnp.zeros_like, params)
     return jnp.zeros([], jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params)
@@ -79,13 +101,18 @@ def adamw(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, e
 
     def fused_step(grads, state, params):
         leaves, tree = jax.tree.flatten(params)
-        step = jnp.reshape(state.count + 1, (1,))
-        _, w, m1, m2 = ops.adamw_optimizer(
-            _lr(learning_rate, state.count), step, leaves, tree.flatten_up_to(grads),
-            tree.flatten_up_to(state.mu), tree.flatten_up_to(state.nu), alpha=b1, beta=b2,
-            epsilon=eps, weight_decay=weight_decay, correct_bias=1, adam_mode=int(hf_mode))
-        new_state = AdamState(state.count + 1, tree.unflatten(m1), tree.unflatten(m2))
-        return tree.unflatten(w), new_state
+        lists = [leaves] + [tree.flatten_up_to(t) for t in (grads, state.mu, state.nu)]
+        lr, step = _lr(learning_rate, state.count), jnp.reshape(state.count + 1, (1,))
+        new = [list(leaves), list(lists[2]), list(lists[3])]  # w, m1, m2
+        for idx in _by_dtype(lists):
+            _, *outs = ops.adamw_optimizer(
+                lr, step, *[_pick(xs, idx) for xs in lists], alpha=b1, beta=b2, epsilon=eps,
+                weight_decay=weight_decay, correct_bias=1, adam_mode=int(hf_mode))
+            for target, out in zip(new, outs):
+                for i, x in zip(idx, out):
+                    target[i] = x
+        new_state = AdamState(state.count + 1, tree.unflatten(new[1]), tree.unflatten(new[2]))
+        return tree.unflatten(new[0]), new_state
 
     return _transformation(init, fused_step)
 
@@ -108,9 +135,13 @@ def sgd(learning_rate: float | Callable, momentum: float | None = None,
 
     def fused_step(grads, state, params):
         leaves, tree = jax.tree.flatten(params)
-        _, w = ops.sgd_optimizer_v2(_lr(learning_rate, state.count), leaves,
-                                    tree.flatten_up_to(grads))
-        return tree.unflatten(w), optax.ScaleByScheduleState(count=state.count + 1)
+        lists, lr = [leaves, tree.flatten_up_to(grads)], _lr(learning_rate, state.count)
+        new = list(leaves)
+        for idx in _by_dtype(lists):
+            _, w = ops.sgd_optimizer_v2(lr, *[_pick(xs, idx) for xs in lists])
+            for i, x in zip(idx, w):
+                new[i] = x
+        return tree.unflatten(new), optax.ScaleByScheduleState(count=state.count + 1)
 
     return _transformation(init, fused_step)
 

@@ -49,6 +49,15 @@ def rows_grad(g, x, lse, labels, out_type):
     return (g[:, None] * (jnp.exp(a - lse[:, None]) - onehot)).astype(out_dtype)
 
 
+def rows_jvp(t, x, lse, labels):
+    """The nll's tangent per row, sum((exp(x - lse) - onehot(label)) * t) in the accumulation
+    dtype: linear in t, and rows_grad is its transpose. A row without a target (label -1)
+    gets lse's tangent: its caller masks that row's loss."""
+    a = x.astype(acc_dtype(x.dtype))
+    onehot = jnp.arange(x.shape[-1]) == labels[:, None]
+    return jnp.sum((jnp.exp(a - lse[:, None]) - onehot) * t.astype(a.dtype), axis=-1)
+
+
 def rows_grad_bias(g, x, lse, labels, bias, out_type):
     out_dtype = ONNX_FLOATS[int(out_type)]
     a = x.astype(acc_dtype(x.dtype))

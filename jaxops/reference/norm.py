@@ -51,6 +51,26 @@ def ln_grad_core(mode, dy, x, scale, bias, mean, inv, *, axis, batch):
     return dx.reshape(x.shape).astype(x.dtype), dscale, dbias
 
 
+def ln_jvp_core(mode, tx, ts, tb, x, scale, mean, inv, *, axis, batch):
+    """Tangent of y = xhat * scale (+ bias) along (tx, ts, tb), xhat = (x - mean) * inv
+    (x * inv for RMSNorm, which has no tb): scale * inv * (tx [- mean_row(tx)] - xhat *
+    mean_row(tx * xhat)) + xhat * ts (+ tb). Linear in (tx, ts, tb); ln_grad_core (the
+    gradient kernels) is its transpose."""
+    G, R, N = _ln_shapes(x.shape, axis, batch)
+    a = acc_dtype(x.dtype)
+    xs, t = x.astype(a).reshape(G, R, N), tx.astype(a).reshape(G, R, N)
+    inv = inv.astype(a).reshape(G, R, 1)
+    xh = xs * inv if mode == SIMPLIFIED else (xs - mean.astype(a).reshape(G, R, 1)) * inv
+    dxh = t - xh * jnp.mean(t * xh, axis=-1, keepdims=True)
+    if mode != SIMPLIFIED:
+        dxh = dxh - jnp.mean(t, axis=-1, keepdims=True)
+    row = lambda v: v.astype(a).reshape(G, 1, N)
+    dy = row(scale) * inv * dxh + xh * row(ts)
+    if mode != SIMPLIFIED:
+        dy = dy + row(tb)
+    return dy.reshape(x.shape).astype(x.dtype)
+
+
 def _bn_view(x, batch):
     G = math.prod(x.shape[:batch])
     n, c = x.shape[batch], x.shape[batch + 1]

@@ -5,7 +5,6 @@ in f32 (f64 for f64 inputs); results are cast back to their input's dtype. Seque
 lists; results are returned as ORT orders them (lists for sequence outputs).
 """
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops.reference.scaling import acc_dtype
 
@@ -35,7 +34,9 @@ def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, upda
     for w, g, m1, m2 in zip(weights, gradients, momentums_1, momentums_2):
         a = acc_dtype(w.dtype)
         # ORT's attributes are float32: round them as the kernels receive them
-        al, be, ep, wd = (jnp.asarray(np.float32(v), a) for v in (alpha, beta, epsilon, weight_decay))
+        # (jnp rather than np: the values may be traced)
+        al, be, ep, wd = (jnp.asarray(v, jnp.float32).astype(a)
+                          for v in (alpha, beta, epsilon, weight_decay))
         r = _scalar(lr).astype(a)
         s = _scalar(step).astype(a)
         bias1 = 1 - al ** s if correct_bias else jnp.asarray(1, a)
@@ -49,8 +50,7 @@ def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, upda
             wv = wv - (r / bias1) * (m1n / (jnp.sqrt(m2n) / jnp.sqrt(bias2) + ep))
         else:
             wv = wv - (r * jnp.sqrt(bias2) / bias1) * (m1n / (jnp.sqrt(m2n) + ep))
-            if weight_decay > 0:
-                wv = wv - r * wd * wv
+            wv = jnp.where(wd > 0, wv - r * wd * wv, wv)  # (no decay: inf weights stay inf)
         new_w.append(_keep_if(signal, wv, w))
         new_m1.append(_keep_if(signal, m1n, m1))
         new_m2.append(_keep_if(signal, m2n, m2))

@@ -19,6 +19,11 @@ a graph output, AdamWOptimizer/SGDOptimizerV2 overwrite the weights and moments 
 Here those updates are returned values instead (`Program.run_with_updates`), and each train
 step and each optimizer step is one jit-compiled function whose old buffers are donated, so
 the update happens in place on the device.
+
+Models ORT cannot differentiate (HardSwish, Softplus, a trainable Pow exponent, ...) train
+from their forward graph: `jaxops.onnx.artifacts.generate_artifacts` writes the same four
+artifacts with a training model that is the forward graph plus the loss, and `Module` takes
+`jax.grad` of it (see `Module` and docs/training.md).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 
+from jaxops._src.compat import mark_varying, varying_axes
 from jaxops.onnx import checkpoint as ckpt_format
 
 _BUFFER_SUFFIX = "_grad.accumulation.buffer"
@@ -68,6 +74,15 @@ def _optimizer_node(model: onnx.ModelProto) -> onnx.NodeProto:
         raise ValueError(f"expected one optimizer node ({', '.join(_OPTIMIZERS)}) in the "
                          f"optimizer model, found {len(nodes)}")
     return nodes[0]
+
+
+def _placeholder(t: onnx.TypeProto):
+    """A value of type `t` for an input that nothing reads: [] for a sequence, else zeros."""
+    if t.HasField("sequence_type"):
+        return []
+    tt = t.tensor_type
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type or onnx.TensorProto.FLOAT)
+    return np.zeros([d.dim_value or 1 for d in tt.shape.dim], dtype)
 
 
 class Parameter:
@@ -190,6 +205,20 @@ class CheckpointState:
         return out
 
 
+def _scalar_loss(loss, from_loss_fn: bool):
+    """The loss as the 0-d array jax.grad needs; a clear error for anything else."""
+    where = ("loss_fn returned" if from_loss_fn
+             else "the training model's first output (its loss) is")
+    shape = getattr(loss, "shape", None)
+    if shape is None or int(np.prod(shape)) != 1:
+        got = type(loss).__name__ if shape is None else f"shape {tuple(shape)}"
+        hint = "" if from_loss_fn else ": pass loss_fn=, or a loss when generating the artifacts"
+        raise ValueError(f"{where} {got}, not a scalar loss{hint}")
+    if not jnp.issubdtype(loss.dtype, jnp.inexact):
+        raise ValueError(f"{where} of dtype {loss.dtype}: a loss must be floating-point")
+    return jnp.reshape(loss, ())
+
+
 def _device(device):
     if device is None or isinstance(device, jax.Device):
         return device
@@ -202,10 +231,27 @@ def _device(device):
 
 
 class Module:
-    """A training model (and optionally its eval model) bound to a CheckpointState."""
+    """A training model (and optionally its eval model) bound to a CheckpointState.
+
+    Two kinds of training model train here. ORT's (from onnxruntime's `generate_artifacts`)
+    holds its own backward graph: gradient ops, InPlaceAccumulatorV2 into
+    `<param>_grad.accumulation.buffer` inputs, a `lazy_reset_grad` input. A forward-only
+    training model (from `jaxops.onnx.artifacts.generate_artifacts`, or any graph whose
+    parameters are inputs) has none of these: its first output is the loss, or `loss_fn`
+    computes the loss from its outputs, and the train step takes `jax.grad` of it with respect
+    to the checkpoint's trainable parameters, accumulated into the gradients as ORT's
+    InPlaceAccumulatorV2 does (`lazy_reset_grad` overwrites them on the next call). Either way
+    one train call is one jit-compiled function with the old gradients donated.
+
+    loss_fn: a JAX loss for a forward-only model, `loss_fn(outputs, *labels) -> scalar`:
+      `outputs` is the model's output (a tuple when it has several), `labels` the arguments
+      given to the call after the model's inputs; their names (`input_names()`) are loss_fn's
+      parameters after the first. A JAX callable cannot be written to ONNX, so it is passed
+      here each time the artifacts are loaded. It also gives the eval model's result.
+    """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
-                 device: str | jax.Device | None = "cpu"):
+                 device: str | jax.Device | None = "cpu", *, loss_fn=None):
         self._state = state
         self._device = _device(device)
         if self._device is not None:
@@ -213,17 +259,31 @@ class Module:
         model = _model(train_model_uri)
         self._train = _load_program(model)
         graph_inputs = [i.name for i in model.graph.input]
-        self._buffers = {b[:-len(_BUFFER_SUFFIX)]: b for b in graph_inputs
-                         if b.endswith(_BUFFER_SUFFIX)}
         self._param_names = [n for n in graph_inputs if n in state._params]
-        missing = [p for p in self._buffers if p not in state._params]
-        if missing:
-            raise ValueError(f"the training model accumulates gradients of {missing}, "
-                             "which the checkpoint does not hold")
-        known = set(self._param_names) | set(self._buffers.values()) | {_RESET_INPUT}
-        self._train_inputs = [n for n in graph_inputs if n not in known]
-        self._loss_outputs = [o for o in self._train.output_names
-                              if not o.endswith("_grad.accumulation.out")]
+        self._forward_only = not any(n.endswith(_BUFFER_SUFFIX) or n == _RESET_INPUT
+                                     for n in graph_inputs)
+        self._loss_fn, labels = loss_fn, []
+        if self._forward_only:
+            labels = self._check_forward_model(model, loss_fn)
+            # trainable param -> None: the jitted step accumulates its gradient itself
+            self._buffers = {p: None for p in self._param_names if p in state._trainable}
+            known = set(self._param_names)
+            self._loss_outputs = list(self._train.output_names)
+        else:
+            if loss_fn is not None:
+                raise ValueError("loss_fn is for forward-only training models; this one is "
+                                 "ORT's, with its loss and gradient graph built in")
+            self._buffers = {b[:-len(_BUFFER_SUFFIX)]: b for b in graph_inputs
+                             if b.endswith(_BUFFER_SUFFIX)}
+            missing = [p for p in self._buffers if p not in state._params]
+            if missing:
+                raise ValueError(f"the training model accumulates gradients of {missing}, "
+                                 "which the checkpoint does not hold")
+            known = set(self._param_names) | set(self._buffers.values()) | {_RESET_INPUT}
+            self._loss_outputs = [o for o in self._train.output_names
+                                  if not o.endswith("_grad.accumulation.out")]
+        self._model_inputs = [n for n in graph_inputs if n not in known]
+        self._train_inputs = self._model_inputs + labels
         for p in self._buffers:
             if p not in state._grads:
                 state._grads[p] = jnp.zeros_like(state._params[p])
@@ -231,14 +291,42 @@ class Module:
         if eval_model_uri is not None:
             emodel = _model(eval_model_uri)
             self._eval = _load_program(emodel)
-            self._eval_inputs = [i.name for i in emodel.graph.input if i.name not in state._params]
+            self._eval_model_inputs = [i.name for i in emodel.graph.input
+                                       if i.name not in state._params]
+            self._eval_inputs = self._eval_model_inputs + labels
         self._reset = False  # gradients are zero already: accumulating into them is the same
         self._training = True
         self._train_step = jax.jit(self._train_fn, donate_argnums=(1,))
         self._eval_step = jax.jit(self._eval_fn)
 
+    def _check_forward_model(self, model, loss_fn) -> list[str]:
+        """Checks a forward-only training model against the state; returns the label names."""
+        from jaxops.onnx.artifacts import LOSS_FN_KEY, loss_labels
+        state = self._state
+        meta = {p.key: p.value for p in model.metadata_props}
+        if loss_fn is None and LOSS_FN_KEY in meta:
+            raise ValueError(f"this training model was generated with the JAX loss "
+                             f"{meta[LOSS_FN_KEY]!r}, which ONNX cannot hold: pass it as "
+                             "Module(..., loss_fn=...)")
+        absent = [p for p in state._trainable if p not in self._param_names]
+        if absent:
+            raise ValueError(f"the checkpoint trains {absent}, which are not inputs of the "
+                             "training model")
+        trainable = [p for p in self._param_names if p in state._trainable]
+        if not trainable:
+            raise ValueError("the checkpoint has no trainable parameter that the training "
+                             "model takes")
+        bad = [f"{p} ({state._params[p].dtype})" for p in trainable
+               if not jnp.issubdtype(state._params[p].dtype, jnp.inexact)]
+        if bad:
+            raise TypeError(f"only floating-point parameters can be trained: {bad}")
+        return [] if loss_fn is None else loss_labels(loss_fn)
+
     # --- the jitted steps
     def _train_fn(self, params, grads, reset, inputs):
+        """(outputs, new gradients) of one train call (DataParallel calls it too)."""
+        if self._forward_only:
+            return self._grad_train_fn(params, grads, reset, inputs)
         feeds = dict(zip(self._train_inputs, inputs))
         feeds.update({n: params[n] for n in self._param_names})
         feeds.update({self._buffers[p]: g for p, g in grads.items()})
@@ -247,7 +335,38 @@ class Module:
         new_grads = {p: updates[b] for p, b in self._buffers.items()}
         return [out[o] for o in self._loss_outputs], new_grads
 
+    def _outputs(self, program, model_inputs, params, inputs) -> list:
+        """[loss, other outputs...] of a forward-only program (with loss_fn: [loss])."""
+        n = len(model_inputs)
+        feeds = dict(zip(model_inputs, inputs[:n]))
+        feeds.update({k: params[k] for k in program.input_names if k in params})
+        out, _ = _run(program, feeds)
+        outs = [out[o] for o in program.output_names]
+        if self._loss_fn is None:
+            return outs
+        loss = self._loss_fn(outs[0] if len(outs) == 1 else tuple(outs), *inputs[n:])
+        return [loss]
+
+    def _grad_train_fn(self, params, grads, reset, inputs):
+        def loss_of(trainable):
+            outs = self._outputs(self._train, self._model_inputs, {**params, **trainable},
+                                 inputs)
+            return _scalar_loss(outs[0], self._loss_fn is not None), outs
+
+        # Inside shard_map (DataParallel), params are the same on every device and the inputs
+        # vary: jax.grad would sum the gradient over the devices itself. Marked as varying,
+        # each device gets its own gradient, and the caller decides how to reduce them.
+        axes = frozenset().union(*(varying_axes(x) for x in inputs))
+        trainable = {p: mark_varying(params[p], axes - varying_axes(params[p]))
+                     for p in self._buffers}
+        g, outs = jax.grad(loss_of, has_aux=True)(trainable)
+        # InPlaceAccumulatorV2: the buffer becomes g on a reset, buffer + g otherwise
+        new_grads = {p: jnp.where(reset, g[p], grads[p] + g[p]) for p in g}
+        return outs, new_grads
+
     def _eval_fn(self, params, inputs):
+        if self._forward_only:
+            return self._outputs(self._eval, self._eval_model_inputs, params, inputs)
         feeds = dict(zip(self._eval_inputs, inputs))
         feeds.update({n: params[n] for n in self._eval.input_names if n in params})
         out, _ = _run(self._eval, feeds)
@@ -256,6 +375,8 @@ class Module:
     def __call__(self, *user_inputs):
         """One step: in train mode forward + backward (gradients accumulate); in eval mode the
         eval model. Returns the model's user outputs (the loss for ORT's artifacts)."""
+        if not self._training and self._eval is None:
+            raise RuntimeError("this Module has no eval model")
         expected = self._train_inputs if self._training else self._eval_inputs
         if len(user_inputs) != len(expected):
             raise TypeError(f"expected {len(expected)} inputs {expected}, got {len(user_inputs)}")
@@ -267,8 +388,6 @@ class Module:
                                                         np.bool_(self._reset), inputs)
             self._reset = False
         else:
-            if self._eval is None:
-                raise RuntimeError("this Module has no eval model")
             outs = self._eval_step(self._state._params, inputs)
         return outs[0] if len(outs) == 1 else outs
 
@@ -288,9 +407,17 @@ class Module:
         self._reset = True
 
     def input_names(self) -> list[str]:
+        """The call's inputs (with a loss_fn: the model's, then loss_fn's labels)."""
+        if not self._training and self._eval is None:
+            raise RuntimeError("this Module has no eval model")
         return list(self._train_inputs if self._training else self._eval_inputs)
 
     def output_names(self) -> list[str]:
+        """The call's outputs (with a loss_fn: ["loss"])."""
+        if self._loss_fn is not None:
+            return ["loss"]
+        if not self._training and self._eval is None:
+            raise RuntimeError("this Module has no eval model")
         return list(self._loss_outputs if self._training else self._eval.output_names)
 
     def _names(self, trainable_only):
@@ -329,6 +456,14 @@ class Optimizer:
                     "params": name(layout["params"]), "grads": name(layout["grads"]),
                     "moments": [name(i) for i in layout["moments"]]}
         self._program = _load_program(model)
+        # inputs the node does not read (ORT's SGD model declares step and
+        # first_order_moments): fed placeholders of their declared kind
+        self._unused = {i.name: _placeholder(i.type) for i in model.graph.input
+                        if i.name not in node.input}
+        declared = {i.name: i.type.tensor_type for i in model.graph.input}
+        lr_type = declared.get(self._io["lr"])  # ORT's models declare lr as [1]
+        self._lr_shape = ((1,) * len(lr_type.shape.dim) if lr_type is not None
+                          and lr_type.HasField("shape") else ())
         self._names = list(module._buffers)  # trainable params, training-model order
         state = self._state
         if state._initial_lr == 0.0:
@@ -343,7 +478,8 @@ class Optimizer:
 
     def _fn(self, params, moments, grads, lr, step):
         names, io = self._names, self._io
-        feeds = {io["lr"]: lr, io["params"]: [params[n] for n in names],
+        feeds = {**self._unused, io["lr"]: jnp.reshape(lr, self._lr_shape),
+                 io["params"]: [params[n] for n in names],
                  io["grads"]: [grads[n] for n in names]}
         if io["step"] is not None:
             feeds[io["step"]] = step

@@ -28,9 +28,10 @@ EXPORTS = sorted(k for k, v in MANIFEST.items() if v["status"] == "ok")
 # kernel for ResizeGrad): jaxops trains them unchanged, checked against float64.
 ORT_CANNOT_TRAIN = sorted(k for k, v in MANIFEST.items() if v["status"] == "forward_only"
                           and (CORPUS / k / "training_model.onnx").exists())
-# float32 training against float64: gradients 1.1e-5 of the largest off on DeepLabV3 (2048
-# pixels a loss), losses 4e-5 off after 5 steps on ResNet, ORT's as jaxops' (measured)
-F64_GRAD_TOL = 3e-5
+# float32 training against float64: gradients of DeepLabV3 (2048 pixels a loss) 1.1e-5 of the
+# largest off on the CPU, 3.2e-5 on an H100 (cuDNN's convolutions); losses 4e-5 off after 5
+# steps on ResNet, ORT's as jaxops' (measured 2026-11-24)
+F64_GRAD_TOL = 1e-4
 F64_LOSS_RTOL = 1e-4
 GRAD_TOL = 1e-5  # of the largest |gradient| of the model
 LOSS_RTOL = 1e-5

@@ -257,7 +257,11 @@ def test_inject_hyperparams_keeps_the_kernel_with_static_args():
     assert "jaxops_adamw_optimizer" in jaxpr(static)
     a, _ = jax.jit(traced.update)(g, traced.init(params), params)
     b, _ = jax.jit(static.update)(g, static.init(params), params)
-    assert _max_rel(a, b) < 1e-6
+    # the same step up to f32 rounding of the new weights: an update is new - old, so it
+    # carries the weights' rounding (H100: 1.7e-6 of an update of 0.0078 on weights near 1)
+    for x, y in zip(jax.tree.leaves(optax.apply_updates(params, a)),
+                    jax.tree.leaves(optax.apply_updates(params, b))):
+        np.testing.assert_allclose(x, y, rtol=4 * np.finfo(np.float32).eps, atol=1e-30)
 
 
 def test_traced_hyperparameters_as_jit_arguments():

@@ -12,7 +12,8 @@ from jaxops.onnx.program import Program, subgraphs
 
 
 def load(model, *, base_dir: str | os.PathLike | None = None,
-         python_ops: dict[str, Callable] | None = None, constants=()) -> Program:
+         python_ops: dict[str, Callable] | None = None, constants=(),
+         max_bytes: int | None = None) -> Program:
     """Imports an ONNX model (a path, serialized bytes or a ModelProto) as a `Program`.
 
     base_dir: the folder that external-data paths are relative to (default: the model file's
@@ -21,11 +22,20 @@ def load(model, *, base_dir: str | os.PathLike | None = None,
       `func_name` is a key here, whose function then runs as fn(*inputs, **attributes).
     constants: names of float initializers to keep static numpy rather than params (for
       float inputs that must be known while tracing, e.g. Resize's scales).
+    max_bytes: the memory budget: every size the model gives (initializer and sparse tensor
+      dims, declared shapes, shape inputs and attributes of nodes) is checked against it
+      before anything is allocated or traced, per value (dense sparse tensors together); a
+      larger one is refused with an OnnxImportError naming the node. Default: half the
+      machine's physical memory (`jaxops.onnx.program.default_max_bytes`).
 
     Fails with one `OnnxImportError` listing every unsupported (domain, op_type, version).
     """
-    return Program(read_model(model, base_dir=base_dir), python_ops=python_ops,
-                   constants=constants)
+    try:
+        proto = read_model(model, base_dir=base_dir)
+    except MemoryError:  # a file (or its external data) larger than the memory left
+        raise OnnxImportError("the model does not fit in memory (MemoryError while reading "
+                              "it)") from None
+    return Program(proto, python_ops=python_ops, constants=constants, max_bytes=max_bytes)
 
 
 def read_model(model, *, base_dir=None) -> onnx.ModelProto:

@@ -15,13 +15,15 @@ data even when they are concrete arrays.
 from __future__ import annotations
 
 import collections
+import math
+import os
 from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from jaxops.onnx import registry, signature
 from jaxops.onnx.errors import OnnxImportError
@@ -53,34 +55,76 @@ def node_label(node) -> str:
     return f"node {name}({dom}{node.op_type})"
 
 
-def tensor_to_numpy(t, what: str) -> np.ndarray:
+def default_max_bytes() -> int:
+    """The default memory budget: half the machine's physical memory (16 GiB where that cannot
+    be read). No value larger than that can be held on the host next to its inputs, while real
+    models stay far below it per value (the budget bounds each value, not the model)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (AttributeError, ValueError, OSError):
+        return 16 << 30
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:.3g} GiB" if n >= 2 ** 20 else f"{n} bytes"
+
+
+def check_bytes(shape, dtype, max_bytes: int | None, what: str) -> int:
+    """The bytes of a value of `shape` and `dtype`; an OnnxImportError (starting with `what`)
+    when a dim is negative or they exceed `max_bytes` (None: the default budget). Python ints:
+    a product of hostile dims cannot overflow into a small number."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise OnnxImportError(f"{what}: negative dim in shape {shape}")
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    limit = default_max_bytes() if max_bytes is None else max_bytes
+    if size > limit:
+        e = OnnxImportError(
+            f"{what}: a value of shape {shape} ({np.dtype(dtype).name}) needs {_gib(size)}, "
+            f"above the memory budget of {_gib(limit)} (load(..., max_bytes=...) raises it)")
+        e.over_budget = True  # what Program._dry_run lets through
+        raise e
+    return size
+
+
+def tensor_to_numpy(t, what: str, max_bytes: int | None = None) -> np.ndarray:
     try:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             raise ValueError("its external data was not loaded")
-        return numpy_helper.to_array(t)
+        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
     except Exception as e:  # noqa: BLE001 - any failure is a malformed tensor
+        raise OnnxImportError(f"{what}: tensor {t.name!r} cannot be read: {e}") from None
+    check_bytes(t.dims, dtype, max_bytes, f"{what}: tensor {t.name!r}")
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - any failure (MemoryError too) is a malformed tensor
         raise OnnxImportError(f"{what}: tensor {t.name!r} cannot be read: {e}") from None
 
 
-def sparse_to_numpy(s, what: str) -> np.ndarray:
-    values = tensor_to_numpy(s.values, what)
-    indices = tensor_to_numpy(s.indices, what).astype(np.int64)
-    dims = tuple(int(d) for d in s.dims)
-    if any(d < 0 for d in dims) or np.prod(dims, dtype=np.float64) > 2 ** 31:
-        raise OnnxImportError(f"{what}: sparse tensor {s.values.name!r} has bad dims {dims}")
-    dense = np.zeros(dims, values.dtype)
+def sparse_to_numpy(s, what: str, max_bytes: int | None = None) -> np.ndarray:
+    """The dense value of a SparseTensorProto. Its dims come from the model, not from the data
+    it holds: they are checked against the budget before the dense array exists."""
+    what = f"{what}: sparse tensor {s.values.name!r}"
     try:
+        dtype = helper.tensor_dtype_to_np_dtype(s.values.data_type)
+    except Exception as e:  # noqa: BLE001
+        raise OnnxImportError(f"{what}: unknown element type: {e}") from None
+    dims = tuple(int(d) for d in s.dims)
+    check_bytes(dims, dtype, max_bytes, what)
+    values = tensor_to_numpy(s.values, what, max_bytes)
+    indices = tensor_to_numpy(s.indices, what, max_bytes).astype(np.int64)
+    try:
+        dense = np.zeros(dims, values.dtype)
         if indices.ndim == 1:  # linear indices
             dense.reshape(-1)[indices] = values
         else:  # [nnz, rank] coordinates
             dense[tuple(indices.T)] = values
-    except (IndexError, ValueError) as e:
-        raise OnnxImportError(
-            f"{what}: sparse tensor {s.values.name!r} is malformed: {e}") from None
+    except (IndexError, ValueError, MemoryError) as e:
+        raise OnnxImportError(f"{what} cannot be made dense: {type(e).__name__}: {e}") from None
     return dense
 
 
-def decode_attribute(a, what: str) -> Any:
+def decode_attribute(a, what: str, max_bytes: int | None = None) -> Any:
     """An AttributeProto as a Python value (see `jaxops.onnx.registry`)."""
     t = a.type
     if t == _A.FLOAT:
@@ -90,9 +134,9 @@ def decode_attribute(a, what: str) -> Any:
     if t == _A.STRING:
         return _text(a.s)
     if t == _A.TENSOR:
-        return tensor_to_numpy(a.t, what)
+        return tensor_to_numpy(a.t, what, max_bytes)
     if t == _A.SPARSE_TENSOR:
-        return sparse_to_numpy(a.sparse_tensor, what)
+        return sparse_to_numpy(a.sparse_tensor, what, max_bytes)
     if t == _A.GRAPH:
         return a.g
     if t == _A.TYPE_PROTO:
@@ -104,9 +148,9 @@ def decode_attribute(a, what: str) -> Any:
     if t == _A.STRINGS:
         return [_text(v) for v in a.strings]
     if t == _A.TENSORS:
-        return [tensor_to_numpy(v, what) for v in a.tensors]
+        return [tensor_to_numpy(v, what, max_bytes) for v in a.tensors]
     if t == _A.SPARSE_TENSORS:
-        return [sparse_to_numpy(v, what) for v in a.sparse_tensors]
+        return [sparse_to_numpy(v, what, max_bytes) for v in a.sparse_tensors]
     if t == _A.GRAPHS:
         return list(a.graphs)
     if t == _A.TYPE_PROTOS:
@@ -257,6 +301,13 @@ class NodeContext:
         return self._program._run(plan, inputs, {}, self._env,
                                   host_inputs=[_is_host_value(x) for x in inputs])
 
+    def check_size(self, shape, dtype, what: str = "output") -> None:
+        """Refuses, naming the node, a value of `shape` and `dtype` above the program's memory
+        budget. Every output is checked after its handler returns (free under jit, where it is
+        abstract); a handler calls this first where it would allocate on the host, or loop in
+        Python, by a size the model gives (numpy on static values, jnp under host evaluation)."""
+        check_bytes(shape, dtype, self._program.max_bytes, f"{self._step.label}: {what}")
+
     def inputs_on_host(self) -> list[bool]:
         """For each input of this node, whether it is known on the host (see the module)."""
         return [_on_host(self._env, n) for n in self._step.inputs]
@@ -267,8 +318,14 @@ class Program:
     one output is returned as is, several as a tuple in the graph's order. Pure: usable under
     `jax.jit`, `jax.grad` (w.r.t. params and float inputs) and `jax.vmap`."""
 
-    def __init__(self, model, *, python_ops: dict[str, Callable] | None = None, constants=()):
+    def __init__(self, model, *, python_ops: dict[str, Callable] | None = None, constants=(),
+                 max_bytes: int | None = None):
         self.model = model
+        # the memory budget: no value that the model asks for (initializer, sparse tensor,
+        # node output) may need more bytes; see default_max_bytes
+        self.max_bytes = default_max_bytes() if max_bytes is None else int(max_bytes)
+        self._sparse_bytes = 0  # the dense sparse tensors held at once count together
+        self._dry_runs: set = set()  # the call signatures already checked abstractly
         self._types = None
         self.opsets = {}
         for o in model.opset_import:
@@ -290,6 +347,9 @@ class Program:
                                     top=True)
         except RecursionError:
             raise OnnxImportError("the model's subgraphs nest too deeply") from None
+        except MemoryError:  # what the budget lets through may still not fit
+            raise OnnxImportError("the model does not fit in memory (MemoryError while "
+                                  "loading it)") from None
         problems = list(self._refused)
         if self._missing:
             missing = ", ".join(f"({d or 'ai.onnx'!r}, {op!r}, {v})"
@@ -381,10 +441,35 @@ class Program:
         absent = set(self._main.params) - set(params)
         if absent:
             raise OnnxImportError(f"params lacks initializer(s) {sorted(absent)}")
+        inputs = [given[n] for n in names]
+        self._dry_run(params, inputs, dims)
         updates = {}
-        outputs = self._run(self._main, [given[n] for n in names], params, None, updates,
-                            dims=dims)
+        outputs = self._run(self._main, inputs, params, None, updates, dims=dims)
         return outputs, updates
+
+    def _dry_run(self, params, inputs, dims):
+        """Called eagerly (no tracer among params and inputs), every jax operation would
+        allocate its result at once: run the graph abstractly first (jax.eval_shape), once per
+        signature, so that `_run_step`'s check of every output refuses an oversized value
+        before anything is allocated. Under jit the values are abstract already. Other errors
+        are left to the real run, which may succeed eagerly (it sees the data)."""
+        leaves = jax.tree_util.tree_leaves((params, inputs))
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return
+        key = (jax.tree_util.tree_structure((params, inputs)),
+               tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves))
+        if key in self._dry_runs:
+            return
+        try:
+            jax.eval_shape(lambda p, xs: self._run(self._main, xs, p, None, {}, dims=dims),
+                           params, inputs)
+        except OnnxImportError as e:
+            if getattr(e, "over_budget", False):
+                raise
+        except Exception:  # noqa: BLE001 - the real run reports it (or succeeds on the data)
+            pass
+        if len(self._dry_runs) < 64:
+            self._dry_runs.add(key)
 
     def _run(self, plan: _Plan, inputs, params, outer, updates=None, host_inputs=(),
              dims=None):
@@ -413,6 +498,7 @@ class Program:
         try:
             args = [env[n] if n else None for n in step.inputs]
             if on_host:
+                _check_broadcast(ctx, args)
                 with jax.ensure_compile_time_eval(), jax.enable_x64(True):
                     out = _to_host(step.fn(ctx, *args, **step.attrs))
             else:
@@ -425,6 +511,8 @@ class Program:
             raise OnnxImportError(f"{step.label}: {type(e).__name__}: {e}") from e
         if not isinstance(out, tuple):
             out = (out,)
+        for i, value in enumerate(out):  # abstract under jit: checked before XLA allocates
+            _check_value(ctx, value, f"output {i}")
         host = env[_HOST]
         for i, name in enumerate(step.outputs):
             if not name:
@@ -475,7 +563,7 @@ class Program:
         for t in graph.initializer:
             if not t.name:
                 raise OnnxImportError(f"{where}: an initializer has no name")
-            value = tensor_to_numpy(t, where)
+            value = tensor_to_numpy(t, where, self.max_bytes)
             # float initializers of the main graph are what one trains: params; the rest
             # (integers, bools, strings, subgraph constants) stay static numpy
             if top and is_trainable(value.dtype) and t.name not in self._static_names:
@@ -483,7 +571,7 @@ class Program:
             else:
                 constants[t.name] = value
         for s in graph.sparse_initializer:
-            constants[s.values.name] = sparse_to_numpy(s, where)
+            constants[s.values.name] = self._sparse(s, where)
         known = set(constants) | set(params)
         input_names = []
         for vi in graph.input:
@@ -505,6 +593,13 @@ class Program:
                 constants[vi.name] = None
             output_names.append(vi.name)
         return _Plan(graph, steps, constants, params, input_names, output_names)
+
+    def _sparse(self, s, where) -> np.ndarray:
+        """A sparse tensor made dense: a few bytes of model each, so together they count
+        against the budget as well (all of them are held for the program's life)."""
+        dense = sparse_to_numpy(s, where, self.max_bytes - self._sparse_bytes)
+        self._sparse_bytes += dense.nbytes
+        return dense
 
     def _order(self, graph, where, defined, outer, opsets):
         """The graph's nodes as steps in dependency order; dangling inputs and cycles fail."""
@@ -565,7 +660,12 @@ class Program:
                                       "attribute outside a function")
             if a.name in attrs:
                 raise OnnxImportError(f"{label}: attribute {a.name!r} is given twice")
-            attrs[a.name] = decode_attribute(a, label)
+            if a.type in (_A.SPARSE_TENSOR, _A.SPARSE_TENSORS):
+                sparse = [a.sparse_tensor] if a.type == _A.SPARSE_TENSOR else a.sparse_tensors
+                dense = [self._sparse(v, label) for v in sparse]
+                attrs[a.name] = dense[0] if a.type == _A.SPARSE_TENSOR else dense
+            else:
+                attrs[a.name] = decode_attribute(a, label, self.max_bytes)
         # plan the very GraphProto objects the handler will get, so run_graph finds them
         for value in attrs.values():
             for g in value if isinstance(value, list) else [value]:
@@ -608,6 +708,39 @@ def _on_host(env, name: str) -> bool:
         return True
     maps = env.maps if isinstance(env, collections.ChainMap) else [env]
     return any(name in m.get(_HOST, ()) for m in maps)
+
+
+def _value_bytes(value) -> tuple[tuple, Any]:
+    """(shape, dtype) of an output: an array, a tracer or a Python scalar."""
+    dtype = getattr(value, "dtype", None)
+    return np.shape(value), (np.asarray(value).dtype if dtype is None else dtype)
+
+
+def _check_value(ctx, value, what):
+    """Refuses an output (a sequence: all its elements together) above the budget."""
+    if value is None or isinstance(value, (str, bytes)):
+        return
+    if isinstance(value, (list, tuple)):
+        total = sum(math.prod(np.shape(v)) * np.dtype(_value_bytes(v)[1]).itemsize
+                    for v in value if v is not None and not isinstance(v, (str, bytes)))
+        ctx.check_size((total,), np.uint8, f"{what} (a sequence)")
+        return
+    ctx.check_size(*_value_bytes(value), what)
+
+
+def _check_broadcast(ctx, args):
+    """Before a node runs on the host (numpy, or jax computing at once): inputs that broadcast
+    together to a shape above the budget (an outer sum of two static ranges) are refused, so
+    the elementwise ops of every family are covered without a check of their own."""
+    arrays = [a for a in args if a is not None and not isinstance(a, (list, str, bytes))]
+    if len(arrays) < 2:
+        return
+    try:
+        shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+    except ValueError:  # not an elementwise node
+        return
+    dtype = max((_value_bytes(a)[1] for a in arrays), key=lambda d: np.dtype(d).itemsize)
+    ctx.check_size(shape, dtype, "its inputs broadcast together")
 
 
 def _to_host(out):

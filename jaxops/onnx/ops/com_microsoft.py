@@ -91,6 +91,8 @@ def _adapter(fn: Callable, op_type: str = "") -> Callable:
     def run(ctx, *inputs, **attrs):
         if extra is not None:
             attrs.update(extra(ctx))
+            if "x_shape" in attrs:  # a size from the graph, which the op fills before returning
+                ctx.check_size(attrs["x_shape"], getattr(inputs[0], "dtype", "float32"))
         out = fn(*inputs, **attrs)
         results = out if isinstance(out, tuple) else (out,)
         for i, k in in_place.items():

@@ -109,7 +109,9 @@ def _weights(in_n, out_n, scale, roi, ctm, kernel, exclude_outside):
 def resize(x, scales=None, sizes=None, roi=None, axes=None, *, mode="nearest",
            coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
            extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
-           nearest_mode="round_prefer_floor", antialias=0):
+           nearest_mode="round_prefer_floor", antialias=0, check_size=None):
+    """check_size(shape, dtype): refuses sizes over the memory budget (ctx.check_size), called
+    with the output's shape and each axis's weights before they are built on the host."""
     r = x.ndim
     axes = list(range(r)) if axes is None else [norm_axis(a, r) for a in axes]
     full_roi = None
@@ -135,6 +137,10 @@ def resize(x, scales=None, sizes=None, roi=None, axes=None, *, mode="nearest",
             scale[a] = float(s)
             out[a] = int(np.floor(s * x.shape[a]))
     in_dtype = x.dtype
+    if check_size is not None:
+        check_size(out, in_dtype)
+        for a in axes:
+            check_size((out[a], x.shape[a]), np.float64)  # the [out, in] weights
     y = x if jnp.issubdtype(in_dtype, jnp.floating) else jnp.asarray(x, jnp.float32)
     for a in axes:
         a_roi = None if full_roi is None else full_roi[a]
@@ -164,19 +170,20 @@ def _floats(ctx, v, what):
 @handler("Resize", since=10)
 def resize_10(ctx, x, scales, *, mode="nearest"):
     return resize(x, scales=_floats(ctx, scales, "scales"), mode=mode,
-                  coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+                  coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+                  check_size=ctx.check_size)
 
 
 @handler("Resize", since=11)
 def resize_11(ctx, x, roi=None, scales=None, sizes=None, *, axes=None, **attrs):
     return resize(x, _floats(ctx, scales, "scales"), _floats(ctx, sizes, "sizes"),
-                  _floats(ctx, roi, "roi"), axes, **attrs)
+                  _floats(ctx, roi, "roi"), axes, check_size=ctx.check_size, **attrs)
 
 
 @handler("Upsample", since=7)
 def upsample_7(ctx, x, *, scales, mode="nearest"):
     return resize(x, scales=list(scales), mode=mode, coordinate_transformation_mode="asymmetric",
-                  nearest_mode="floor")
+                  nearest_mode="floor", check_size=ctx.check_size)
 
 
 @handler("Upsample", since=9)

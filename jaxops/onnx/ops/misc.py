@@ -56,12 +56,19 @@ def topk_1(ctx, x, *, k, axis=-1):
 
 @handler("TopK", since=10)
 def topk_10(ctx, x, k, *, axis=-1, largest=1, sorted=1):
-    return _topk(x, int(np.asarray(ctx.static(k, "k")).reshape(())), axis, largest, sorted)
+    k = int(np.asarray(ctx.static(k, "k")).reshape(()))
+    if not 0 <= k <= x.shape[norm_axis(axis, x.ndim)]:
+        raise ctx.error(f"k={k} is outside [0, {x.shape[norm_axis(axis, x.ndim)]}] (the axis)")
+    return _topk(x, k, axis, largest, sorted)
 
 
 @handler("OneHot", since=9)
 def one_hot(ctx, indices, depth, values, *, axis=-1):
     d = int(np.asarray(ctx.static(depth, "depth")).reshape(-1)[0])
+    shape = list(np.shape(indices))
+    shape.insert(norm_axis(axis, len(shape) + 1), d)
+    # before jnp.arange(d): on the host (x64) a huge depth crashed the process (SIGFPE)
+    ctx.check_size(shape, np.asarray(values).dtype)
     idx = jnp.asarray(indices)
     idx = jnp.where(idx < 0, idx + d, idx).astype(jnp.int64)
     rank = idx.ndim + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..registry import handler
 from ._util import np_dtype
@@ -23,12 +24,14 @@ def _dtype(dtype, like=None, default=1):
 @handler("RandomNormal")
 def random_normal(ctx, *, shape, dtype=1, mean=0.0, scale=1.0, seed=None):
     dt = _dtype(dtype)
+    ctx.check_size(shape, np.float32)  # no inputs: it runs on the host, allocating at once
     return (mean + scale * jax.random.normal(_key(seed), tuple(shape), jnp.float32)).astype(dt)
 
 
 @handler("RandomUniform")
 def random_uniform(ctx, *, shape, dtype=1, high=1.0, low=0.0, seed=None):
     dt = _dtype(dtype)
+    ctx.check_size(shape, np.float32)
     return jax.random.uniform(_key(seed), tuple(shape), jnp.float32, low, high).astype(dt)
 
 

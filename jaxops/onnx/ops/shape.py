@@ -32,6 +32,7 @@ def constant(ctx, *, value=None, value_float=None, value_floats=None, value_int=
 def constant_of_shape(ctx, shape, *, value=None):
     shape = ints(ctx, shape, "shape")
     v = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    ctx.check_size(shape, v.dtype)  # numpy would fill it before any check after the node
     return np.full(shape, v[0], v.dtype)
 
 
@@ -109,7 +110,10 @@ def expand(ctx, x, shape):
 
 @handler("Tile", since=6)
 def tile(ctx, x, repeats):
-    return xp(x).tile(x, ints(ctx, repeats, "repeats"))
+    repeats = ints(ctx, repeats, "repeats")
+    if len(repeats) == np.ndim(x):
+        ctx.check_size([n * r for n, r in zip(np.shape(x), repeats)], x.dtype)
+    return xp(x).tile(x, repeats)
 
 
 @handler("Concat", since=4)
@@ -127,6 +131,10 @@ def _split(ctx, x, split, axis, num_outputs=None):
     axis = norm_axis(axis, x.ndim)
     n = x.shape[axis]
     if split is None:
+        if num_outputs is not None and num_outputs != ctx.num_outputs:
+            # the list of parts would be num_outputs long, whatever the node declares
+            raise ctx.error(f"num_outputs={num_outputs}, but the node has {ctx.num_outputs} "
+                            "outputs")
         k = num_outputs or ctx.num_outputs
         chunk = -(-n // k)
         split = [min(chunk, n - i * chunk) for i in range(k)]
@@ -248,13 +256,14 @@ def scatter_nd(ctx, x, indices, updates, *, reduction="none"):
     return _scatter(x, _nd_index(m, x, indices, 0), updates, reduction)
 
 
-def _pad(x, pads, mode, value, axes=None):
+def _pad(ctx, x, pads, mode, value, axes=None):
     rank = x.ndim
     axes = list(range(rank)) if axes is None else [norm_axis(a, rank) for a in axes]
     k = len(axes)
     width = [(0, 0)] * rank
     for i, a in enumerate(axes):
         width[a] = (pads[i], pads[i + k])
+    ctx.check_size([n + lo + hi for n, (lo, hi) in zip(x.shape, width)], x.dtype)
     m = xp(x, value)
     # negative pads crop
     crop = tuple(slice(max(-lo, 0), x.shape[d] - max(-hi, 0)) for d, (lo, hi) in enumerate(width))
@@ -268,19 +277,20 @@ def _pad(x, pads, mode, value, axes=None):
 
 @handler("Pad", since=2)
 def pad_2(ctx, x, *, pads, mode="constant", value=0.0):
-    return _pad(x, pads, mode, np.asarray(value, x.dtype))
+    return _pad(ctx, x, pads, mode, np.asarray(value, x.dtype))
 
 
 @handler("Pad", since=11)
 def pad_11(ctx, x, pads, constant_value=None, axes=None, *, mode="constant"):
     cv = None if constant_value is None else constant_value.reshape(())
-    return _pad(x, ints(ctx, pads, "pads"), mode, cv, ints(ctx, axes, "axes"))
+    return _pad(ctx, x, ints(ctx, pads, "pads"), mode, cv, ints(ctx, axes, "axes"))
 
 
 @handler("Range", since=11)
 def range_(ctx, start, limit, delta):
     s, l, d = (ctx.static(v, "range bound").reshape(()) for v in (start, limit, delta))
     n = max(int(np.ceil((l - s) / d)), 0)
+    ctx.check_size((n,), np.asarray(start).dtype)
     return (s + np.arange(n) * d).astype(np.asarray(start).dtype)
 
 
@@ -353,6 +363,10 @@ def nonzero(ctx, x):
 def center_crop_pad(ctx, x, shape, *, axes=None):
     shape = ints(ctx, shape, "shape")
     axes = list(range(x.ndim)) if axes is None else [norm_axis(a, x.ndim) for a in axes]
+    out = list(x.shape)
+    for a, s in zip(axes, shape):
+        out[a] = s
+    ctx.check_size(out, x.dtype)
     m = xp(x)
     for a, s in zip(axes, shape):
         n = x.shape[a]

@@ -220,6 +220,7 @@ def _scalar_loss(loss, from_loss_fn: bool):
 
 
 def _device(device):
+    """None (jax's default device), a jax.Device, or ORT's name: 'cpu', 'cuda', 'cuda:1'."""
     if device is None or isinstance(device, jax.Device):
         return device
     kind = str(device).split(":")[0].lower()
@@ -227,7 +228,11 @@ def _device(device):
     if platform is None:
         raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or a jax.Device")
     index = int(str(device).split(":")[1]) if ":" in str(device) else 0
-    return jax.devices(platform)[index]
+    try:
+        return jax.devices(platform)[index]
+    except (RuntimeError, IndexError):
+        raise ValueError(f"device {device!r}: jax has no such device here (its devices: "
+                         f"{jax.devices()}); device=None uses jax's default") from None
 
 
 class Module:
@@ -248,10 +253,12 @@ class Module:
       given to the call after the model's inputs; their names (`input_names()`) are loss_fn's
       parameters after the first. A JAX callable cannot be written to ONNX, so it is passed
       here each time the artifacts are loaded. It also gives the eval model's result.
+    device: where the parameters and the steps live: None (jax's default device, a GPU where
+      jax has one), a jax.Device, or ORT's names 'cpu', 'cuda', 'cuda:N'.
     """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
-                 device: str | jax.Device | None = "cpu", *, loss_fn=None):
+                 device: str | jax.Device | None = None, *, loss_fn=None):
         self._state = state
         self._device = _device(device)
         if self._device is not None:

@@ -1,0 +1,41 @@
+"""Module's device: JAX's default device unless asked, ORT's names ('cpu', 'cuda', 'cuda:N') or
+a jax.Device otherwise, and a clear error for a device this JAX does not have."""
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+from jaxops.onnx.training import CheckpointState, Module  # noqa: E402
+
+MLP = Path(__file__).parent / "data" / "mlp"
+
+
+def _module(**kwargs):
+    state = CheckpointState.load_checkpoint(MLP / "checkpoint")
+    return state, Module(MLP / "training_model.onnx", state, **kwargs)
+
+
+def _devices(state):
+    return {d for p in state._params.values() for d in jax.device_put(p).devices()}
+
+
+def test_default_is_jax_default_device():
+    state, module = _module()
+    data = np.load(MLP / "data.npz")
+    loss = module(data["inputs"][0], data["labels"][0])
+    assert loss.devices() == {jax.devices()[0]}
+    assert _devices(state) == {jax.devices()[0]}
+
+
+def test_ort_device_name():
+    cpus = jax.devices("cpu")
+    state, _ = _module(device=f"cpu:{len(cpus) - 1}")
+    assert _devices(state) == {cpus[-1]}
+
+
+@pytest.mark.parametrize("name", ["cuda:99"] + (["cuda"] if jax.default_backend() == "cpu" else []))
+def test_missing_device_is_a_clear_error(name):
+    with pytest.raises(ValueError, match=f"device '{name}': jax has no such device.*device=None"):
+        _module(device=name)

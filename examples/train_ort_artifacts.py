@@ -26,7 +26,7 @@ def main():
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--artifacts", type=Path, help="artifact folder (default: the bundled one)")
     p.add_argument("--out", type=Path, default=Path("trained_checkpoint"))
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: jax's default device)")
     args = p.parse_args()
     folder = args.artifacts or DATA / args.model
 

@@ -140,8 +140,9 @@ class Artifacts:
     loss_fn: Callable | None = None
     directory: Path | None = None
 
-    def session(self, device="cpu"):
-        """(CheckpointState, Module, Optimizer or None) over these artifacts, in memory."""
+    def session(self, device=None):
+        """(CheckpointState, Module, Optimizer or None) over these artifacts, in memory, on
+        `device` (None: jax's default; see Module)."""
         from jaxops.onnx.training import CheckpointState, Module, Optimizer
 
         state = CheckpointState(copy.deepcopy(self.checkpoint))

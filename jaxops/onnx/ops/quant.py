@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import numpy as np
-import jax
 import jax.numpy as jnp
 
 from ..registry import handler
+from ._precise import in_float64
 from ._util import np_dtype, norm_axis
 from .elementwise import cast_to
+
+
+# XLA's f32 division is not correctly rounded on CPU, and a quotient landing an ulp off .5
+# then rounds the other way: the f32 quotient of an f64 division is numpy's f32 division
+_divide = in_float64(jnp.divide)
 
 
 def _expand_param(p, x, axis, block_size):
@@ -28,12 +33,8 @@ def quantize(x, scale, zp, to, axis=1, block_size=0, saturate=1):
     s = _expand_param(scale, x, axis, block_size)
     if x.dtype == jnp.float64:
         q = x / s
-    elif jax.config.jax_enable_x64:
-        # XLA's f32 division is not correctly rounded on CPU, and a quotient landing on .5
-        # then rounds the other way; an f64 quotient cast to f32 is the exact f32 division
-        q = (jnp.asarray(x, jnp.float64) / s.astype(jnp.float64)).astype(jnp.float32)
     else:
-        q = x.astype(jnp.float32) / s.astype(jnp.float32)
+        q = _divide(x.astype(jnp.float32), s.astype(jnp.float32))
     to = np.dtype(to)
     if jnp.issubdtype(to, jnp.integer):
         q = jnp.round(q)
@@ -72,8 +73,8 @@ def dequantize_linear(ctx, x, x_scale, x_zero_point=None, *, axis=1, block_size=
 def dynamic_quantize_linear(ctx, x):
     lo = jnp.minimum(jnp.min(x), 0)
     hi = jnp.maximum(jnp.max(x), 0)
-    scale = ((hi - lo) / 255).astype(jnp.float32)
-    zp = jnp.clip(jnp.round(-lo / scale), 0, 255).astype(jnp.uint8)
+    scale = _divide((hi - lo).astype(jnp.float32), np.float32(255))
+    zp = jnp.clip(jnp.round(_divide(-lo.astype(jnp.float32), scale)), 0, 255).astype(jnp.uint8)
     return quantize(x, scale, zp, np.uint8), scale, zp
 
 

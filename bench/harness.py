@@ -453,7 +453,7 @@ def run_case(case: Case, s: Settings, torch, copy_bw: float, l2: int, log=print)
         res["speedup"] = peers[res["best_peer"]] / j["us"]
     else:
         res["speedup"] = None
-    del argsets, first, ref
+    argsets = first = ref = None  # drops the device buffers (not `del`: closures above use them)
     if torch:
         torch.cuda.empty_cache()
     gc.collect()

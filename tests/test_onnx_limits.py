@@ -6,7 +6,6 @@ cleanly, fast, and without a large allocation (peak RSS, measured in a child pro
 x64 on and off, called eagerly (one abstract dry run first) and under jit."""
 import json
 import os
-import resource
 import subprocess
 import sys
 

@@ -14,6 +14,8 @@ plus one scale: XLA code, which fuses each into a loop or two per tensor.
 
 Sequence inputs are Python lists of arrays; sequence outputs are lists.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,16 +93,20 @@ def _concrete(value):
 
 # ---- multi-tensor kernels: flat operands (scalars..., list 0..., list 1..., ...) ----------------
 
+@dataclasses.dataclass(frozen=True)
 class _ListFactors(Factors):
     """Factors of independent tensors: each tensor (its copies in every list and its results)
     keeps the first sharding one of its operands has, whatever mesh axes the other tensors
-    use (Factors' own assignment gives a mesh axis to one factor of the whole op)."""
+    use (Factors' own assignment gives a mesh axis to one factor of the whole op). The
+    factors of scalar operands (lr, step, flags), listed in `scalars`, stay replicated."""
+
+    scalars: tuple[str, ...] = ()
 
     def shardings(self, mesh, operand_shardings):
         specs = {}
         for dims, sharding in zip(self.operands, operand_shardings):
             spec = tuple(getattr(sharding, "spec", ()))
-            if dims and not dims[0].startswith("s") and dims not in specs and any(spec):
+            if dims and dims[0] not in self.scalars and dims not in specs and any(spec):
                 specs[dims] = spec[:len(dims)]
 
         def sharding_of(dims):
@@ -116,7 +122,8 @@ def _tensor_factors(args, n_scalars, count, n_lists, results):
     tensors = [tuple(f"t{i}_{d}" for d in range(args[n_scalars + i].ndim)) for i in range(count)]
     flag_of, out_lists = results
     return _ListFactors(tuple(scalars) + tuple(tensors) * n_lists,
-                        (scalars[flag_of],) + tuple(tensors) * out_lists)
+                        (scalars[flag_of],) + tuple(tensors) * out_lists,
+                        scalars=tuple(f for dims in scalars for f in dims))
 
 
 def _batch_multi(n_scalars, n_lists, out_lists):

@@ -38,7 +38,10 @@ ffi::Error split_training(ffi::AnyBuffer in, ffi::RemainingRets outputs, int64_t
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConcatTrainingCpu, concat_training, bind_concat(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SplitTrainingCpu, split_training, bind_split(ffi::Ffi::Bind()));
-JAXOPS_REGISTER("jaxops_concat_training", ConcatTrainingCpu);
-JAXOPS_REGISTER("jaxops_split_training", SplitTrainingCpu);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_concat_training", ConcatTrainingCpu);
+  r.add("jaxops_split_training", SplitTrainingCpu);
+}
 
 }  // namespace jaxops::concat

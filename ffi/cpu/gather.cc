@@ -50,10 +50,10 @@ ffi::Error gather_grad(ffi::AnyBuffer indices, ffi::AnyBuffer dy, ffi::Result<ff
                        int64_t axis, int64_t v) {
   const char* op = "gather_grad";
   View w;
-  if (auto err = check_args(indices, dy, *dx, axis, v, &w); !err.empty()) return invalid(op, err);
-  if (dx->element_count() == 0) return ffi::Error::Success();
-  const bool ok = dispatch_float(dy.element_type(), [&](auto tag) {
+  return checked_dispatch(op, check_args(indices, dy, *dx, axis, v, &w), dy.element_type(),
+                          [&](auto tag) {
     using T = decltype(tag);
+    if (dx->element_count() == 0) return;
     if (indices.element_type() == ffi::DataType::S32)
       run<T>(w, indices.reinterpret_data<int32_t>(), dy.reinterpret_data<T>(),
              dx->reinterpret_data<T>());
@@ -61,12 +61,14 @@ ffi::Error gather_grad(ffi::AnyBuffer indices, ffi::AnyBuffer dy, ffi::Result<ff
       run<T>(w, indices.reinterpret_data<int64_t>(), dy.reinterpret_data<T>(),
              dx->reinterpret_data<T>());
   });
-  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherGradCpu, gather_grad, bind_args(ffi::Ffi::Bind()));
-JAXOPS_REGISTER("jaxops_gather_grad", GatherGradCpu);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_gather_grad", GatherGradCpu);
+}
 
 }  // namespace jaxops::gather

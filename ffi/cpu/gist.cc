@@ -42,7 +42,10 @@ ffi::Error decoder(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Msfp15EncoderCpu, encoder, bind_args(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Msfp15DecoderCpu, decoder, bind_args(ffi::Ffi::Bind()));
-JAXOPS_REGISTER("jaxops_gist_pack_msfp15_encoder", Msfp15EncoderCpu);
-JAXOPS_REGISTER("jaxops_gist_pack_msfp15_decoder", Msfp15DecoderCpu);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_gist_pack_msfp15_encoder", Msfp15EncoderCpu);
+  r.add("jaxops_gist_pack_msfp15_decoder", Msfp15DecoderCpu);
+}
 
 }  // namespace jaxops::gist

@@ -52,49 +52,35 @@ void backward(int64_t rows, int64_t c, const acc_t<T>* g, const T* x, const acc_
   }
 }
 
-// Calls f(T{}, O{}) for the logits' and the output's float dtypes.
-template <typename F>
-bool dispatch2(ffi::DataType t, ffi::DataType o, F&& f) {
-  bool inner_ok = true;
-  bool ok = dispatch_float(t, [&](auto tt) {
-    inner_ok = dispatch_float(o, [&](auto oo) { f(tt, oo); });
-  });
-  return ok && inner_ok;
-}
-
 ffi::Error fwd_impl(const char* op, ffi::AnyBuffer x, ffi::AnyBuffer labels,
                     ffi::Result<ffi::AnyBuffer> nll, ffi::Result<ffi::AnyBuffer> lse,
                     ffi::AnyBuffer* log_prob, int64_t out_type) {
   int64_t rows, c;
-  if (auto err = check_fwd(x, labels, *nll, *lse, log_prob, out_type, &rows, &c); !err.empty())
-    return invalid(op, err);
-  if (rows == 0) return ffi::Error::Success();
+  const std::string err = check_fwd(x, labels, *nll, *lse, log_prob, out_type, &rows, &c);
   const ffi::DataType o = log_prob ? log_prob->element_type() : x.element_type();
-  bool ok = dispatch2(x.element_type(), o, [&](auto tt, auto oo) {
+  return checked_dispatch(op, err, x.element_type(), o, [&](auto tt, auto oo) {
     using T = decltype(tt);
     using O = decltype(oo);
-    forward<T, O>(rows, c, x.reinterpret_data<T>(), labels.reinterpret_data<int32_t>(),
-                  nll->reinterpret_data<acc_t<T>>(), lse->reinterpret_data<acc_t<T>>(),
-                  log_prob ? log_prob->reinterpret_data<O>() : nullptr);
+    if (rows > 0)
+      forward<T, O>(rows, c, x.reinterpret_data<T>(), labels.reinterpret_data<int32_t>(),
+                    nll->reinterpret_data<acc_t<T>>(), lse->reinterpret_data<acc_t<T>>(),
+                    log_prob ? log_prob->reinterpret_data<O>() : nullptr);
   });
-  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
 }
 
 ffi::Error bwd_impl(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::AnyBuffer lse,
                     ffi::AnyBuffer labels, const ffi::AnyBuffer* bias, ffi::AnyBuffer* d,
                     int64_t out_type) {
   int64_t rows, c;
-  if (auto err = check_bwd(g, x, lse, labels, bias, *d, out_type, &rows, &c); !err.empty())
-    return invalid(op, err);
-  if (d->element_count() == 0) return ffi::Error::Success();
-  bool ok = dispatch2(x.element_type(), d->element_type(), [&](auto tt, auto oo) {
+  const std::string err = check_bwd(g, x, lse, labels, bias, *d, out_type, &rows, &c);
+  return checked_dispatch(op, err, x.element_type(), d->element_type(), [&](auto tt, auto oo) {
     using T = decltype(tt);
     using O = decltype(oo);
-    backward<T, O>(rows, c, g.reinterpret_data<acc_t<T>>(), x.reinterpret_data<T>(),
-                   lse.reinterpret_data<acc_t<T>>(), labels.reinterpret_data<int32_t>(),
-                   bias ? bias->reinterpret_data<O>() : nullptr, d->reinterpret_data<O>());
+    if (d->element_count() > 0)
+      backward<T, O>(rows, c, g.reinterpret_data<acc_t<T>>(), x.reinterpret_data<T>(),
+                     lse.reinterpret_data<acc_t<T>>(), labels.reinterpret_data<int32_t>(),
+                     bias ? bias->reinterpret_data<O>() : nullptr, d->reinterpret_data<O>());
   });
-  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
 }
 
 ffi::Error sce_fwd(ffi::AnyBuffer x, ffi::AnyBuffer labels, ffi::Result<ffi::AnyBuffer> nll,
@@ -124,9 +110,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SceFwdCpu, sce_fwd, bind_fwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SceFwdLogProbCpu, sce_fwd_log_prob, bind_fwd_log_prob(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SceBwdCpu, sce_bwd, bind_bwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SceBwdBiasCpu, sce_bwd_bias, bind_bwd_bias(ffi::Ffi::Bind()));
-JAXOPS_REGISTER("jaxops_sce_fwd", SceFwdCpu);
-JAXOPS_REGISTER("jaxops_sce_fwd_log_prob", SceFwdLogProbCpu);
-JAXOPS_REGISTER("jaxops_sce_bwd", SceBwdCpu);
-JAXOPS_REGISTER("jaxops_sce_bwd_bias", SceBwdBiasCpu);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_sce_fwd", SceFwdCpu);
+  r.add("jaxops_sce_fwd_log_prob", SceFwdLogProbCpu);
+  r.add("jaxops_sce_bwd", SceBwdCpu);
+  r.add("jaxops_sce_bwd_bias", SceBwdBiasCpu);
+}
 
 }  // namespace jaxops::loss

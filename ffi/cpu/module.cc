@@ -1,15 +1,4 @@
-// The _cpu extension: hands Python every handler registered by the op-family files.
-#include <nanobind/nanobind.h>
+// The _cpu extension: hands Python every op family's CPU handlers (jaxops/module.h).
+#include "jaxops/module.h"
 
-#include "jaxops/registry.h"
-
-namespace nb = nanobind;
-
-NB_MODULE(_cpu, m) {
-  m.def("registrations", [] {
-    nb::dict out;
-    for (auto& [name, fn] : jaxops::registry())
-      out[name.c_str()] = nb::capsule(reinterpret_cast<void*>(fn));
-    return out;
-  });
-}
+NB_MODULE(_cpu, m) { jaxops::define_module(m); }

@@ -65,10 +65,9 @@ ffi::Error ln_handler(const char* op, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::
                       ffi::AnyBuffer* dx, ffi::AnyBuffer* dscale, ffi::AnyBuffer* dbias,
                       int64_t axis, int64_t batch) {
   LnView v;
-  if (auto err = check_ln(dy, x, scale, bias, mean, inv, dx, dscale, dbias, axis, batch, &v);
-      !err.empty())
-    return invalid(op, err);
-  bool ok = dispatch(x.element_type(), [&](auto tag) {
+  const std::string err =
+      check_ln(dy, x, scale, bias, mean, inv, dx, dscale, dbias, axis, batch, &v);
+  return checked_dispatch(op, err, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     auto cp = [](const ffi::AnyBuffer* b) { return b ? b->reinterpret_data<A>() : nullptr; };
@@ -78,7 +77,6 @@ ffi::Error ln_handler(const char* op, ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::
                 dbias ? dbias->reinterpret_data<A>() : nullptr};
     ln_grad<kMode>(v, a);
   });
-  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
 }
 
 ffi::Error layer_grad(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer mean,
@@ -167,17 +165,14 @@ ffi::Error batch_norm_grad(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer s
                            int64_t batch) {
   const char* op = "batch_normalization_grad";
   BnView v;
-  if (auto err = check_bn_grad(dy, x, scale, mean, inv, *dx, *dscale, *dbias, batch, &v);
-      !err.empty())
-    return invalid(op, err);
-  bool ok = dispatch(x.element_type(), [&](auto tag) {
+  const std::string err = check_bn_grad(dy, x, scale, mean, inv, *dx, *dscale, *dbias, batch, &v);
+  return checked_dispatch(op, err, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     bn_grad(v, dy.reinterpret_data<T>(), x.reinterpret_data<T>(), scale.reinterpret_data<A>(),
             mean.reinterpret_data<A>(), inv.reinterpret_data<A>(), dx->reinterpret_data<T>(),
             dscale->reinterpret_data<A>(), dbias->reinterpret_data<A>());
   });
-  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
 }
 
 ffi::Error batch_norm_train(ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer b,
@@ -189,11 +184,9 @@ ffi::Error batch_norm_train(ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuff
                             int64_t batch) {
   const char* op = "batch_norm_internal";
   BnView v;
-  if (auto err = check_bn_train(x, scale, b, in_mean, in_var, *y, *run_mean, *run_var,
-                                *saved_mean, *saved_inv, batch, &v);
-      !err.empty())
-    return invalid(op, err);
-  bool ok = dispatch(x.element_type(), [&](auto tag) {
+  const std::string err = check_bn_train(x, scale, b, in_mean, in_var, *y, *run_mean, *run_var,
+                                         *saved_mean, *saved_inv, batch, &v);
+  return checked_dispatch(op, err, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     bn_train(v, x.reinterpret_data<T>(), scale.reinterpret_data<A>(), b.reinterpret_data<A>(),
@@ -202,7 +195,6 @@ ffi::Error batch_norm_train(ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuff
              run_var->reinterpret_data<A>(), saved_mean->reinterpret_data<A>(),
              saved_inv->reinterpret_data<A>());
   });
-  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
 }
 
 }  // namespace
@@ -212,10 +204,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SimplifiedNormGradCpu, simplified_grad, bind_simpl
 XLA_FFI_DEFINE_HANDLER_SYMBOL(InvertibleNormGradCpu, invertible_grad, bind_layer(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchNormGradCpu, batch_norm_grad, bind_bn_grad(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchNormTrainCpu, batch_norm_train, bind_bn_train(ffi::Ffi::Bind()));
-JAXOPS_REGISTER("jaxops_layer_normalization_grad", LayerNormGradCpu);
-JAXOPS_REGISTER("jaxops_simplified_layer_normalization_grad", SimplifiedNormGradCpu);
-JAXOPS_REGISTER("jaxops_invertible_layer_normalization_grad", InvertibleNormGradCpu);
-JAXOPS_REGISTER("jaxops_batch_normalization_grad", BatchNormGradCpu);
-JAXOPS_REGISTER("jaxops_batch_norm_internal", BatchNormTrainCpu);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_layer_normalization_grad", LayerNormGradCpu);
+  r.add("jaxops_simplified_layer_normalization_grad", SimplifiedNormGradCpu);
+  r.add("jaxops_invertible_layer_normalization_grad", InvertibleNormGradCpu);
+  r.add("jaxops_batch_normalization_grad", BatchNormGradCpu);
+  r.add("jaxops_batch_norm_internal", BatchNormTrainCpu);
+}
 
 }  // namespace jaxops::norm

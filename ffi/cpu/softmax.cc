@@ -43,14 +43,12 @@ template <typename Math>
 ffi::Error handler(const char* op, ffi::AnyBuffer dy, ffi::AnyBuffer y,
                    ffi::Result<ffi::AnyBuffer> dx, int64_t axis, int64_t through_end) {
   View v;
-  if (auto err = check_args(dy, y, *dx, axis, through_end != 0, &v); !err.empty())
-    return invalid(op, err);
-  if (dy.element_count() == 0) return ffi::Error::Success();
-  bool ok = dispatch_float(dy.element_type(), [&](auto tag) {
+  return checked_dispatch(op, check_args(dy, y, *dx, axis, through_end != 0, &v),
+                          dy.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    run<Math>(v, dy.reinterpret_data<T>(), y.reinterpret_data<T>(), dx->reinterpret_data<T>());
+    if (dy.element_count() > 0)
+      run<Math>(v, dy.reinterpret_data<T>(), y.reinterpret_data<T>(), dx->reinterpret_data<T>());
   });
-  return ok ? ffi::Error::Success() : invalid(op, "unsupported dtype");
 }
 
 ffi::Error softmax_grad(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx,
@@ -66,7 +64,10 @@ ffi::Error log_softmax_grad(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxGradCpu, softmax_grad, bind_args(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LogSoftmaxGradCpu, log_softmax_grad, bind_args(ffi::Ffi::Bind()));
-JAXOPS_REGISTER("jaxops_softmax_grad", SoftmaxGradCpu);
-JAXOPS_REGISTER("jaxops_log_softmax_grad", LogSoftmaxGradCpu);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_softmax_grad", SoftmaxGradCpu);
+  r.add("jaxops_log_softmax_grad", LogSoftmaxGradCpu);
+}
 
 }  // namespace jaxops::softmax

@@ -158,7 +158,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConcatTrainingCuda, concat_training_cuda,
                               bind_concat(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SplitTrainingCuda, split_training_cuda,
                               bind_split(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
-JAXOPS_REGISTER("jaxops_concat_training", ConcatTrainingCuda);
-JAXOPS_REGISTER("jaxops_split_training", SplitTrainingCuda);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_concat_training", ConcatTrainingCuda);
+  r.add("jaxops_split_training", SplitTrainingCuda);
+}
 
 }  // namespace jaxops::concat

@@ -38,12 +38,6 @@ constexpr uint32_t kNoKey = UINT32_MAX;  // never a row index (V < INT32_MAX)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-
-template <typename T>
-__device__ __forceinline__ acc_t<T> to_acc(T x) {
-  if constexpr (std::is_same_v<T, double>) return x; else return to_f32(x);
-}
-
 // dY is read once: 16-byte loads bypass L1 and are evicted first from L2.
 template <typename T, int VEC>
 __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
@@ -61,9 +55,7 @@ template <typename T, int VEC>
 __device__ __forceinline__ void store_row(T* p, const acc_t<T> (&acc)[VEC]) {
   Pack<T, VEC> out;
 #pragma unroll
-  for (int t = 0; t < VEC; ++t) {
-    if constexpr (std::is_same_v<T, double>) out.v[t] = acc[t]; else out.v[t] = from_f32<T>(acc[t]);
-  }
+  for (int t = 0; t < VEC; ++t) out.v[t] = from_acc<T>(acc[t]);
   *reinterpret_cast<Pack<T, VEC>*>(p) = out;
 }
 
@@ -257,26 +249,22 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
                             ffi::Result<ffi::AnyBuffer> dx, int64_t axis, int64_t v) {
   const char* op = "gather_grad";
   View w;
-  if (auto err = check_args(indices, dy, *dx, axis, v, &w); !err.empty()) return invalid(op, err);
-  if (w.n >= INT32_MAX || w.v >= INT32_MAX)
-    return invalid(op, "the number of indices and dX's size along axis must be < 2^31 - 1");
-  if (dx->element_count() == 0) return ffi::Error::Success();
-  cudaError_t err = cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream);
-  if (err != cudaSuccess) return cuda_error(op, err);
-  if (w.n == 0 || w.outer * w.inner == 0) return ffi::Error::Success();
-  Scratch scratch{alloc};
-  ffi::Error result = ffi::Error::Success();
-  const bool ok = dispatch_float(dy.element_type(), [&](auto tag) {
+  std::string err = check_args(indices, dy, *dx, axis, v, &w);
+  if (err.empty() && (w.n >= INT32_MAX || w.v >= INT32_MAX))
+    err = "the number of indices and dX's size along axis must be < 2^31 - 1";
+  return checked_dispatch(op, err, dy.element_type(), [&](auto tag) {
     using T = decltype(tag);
+    if (dx->element_count() == 0) return ffi::Error::Success();
+    cudaError_t e = cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream);
+    if (e != cudaSuccess) return cuda_error(op, e);
+    if (w.n == 0 || w.outer * w.inner == 0) return ffi::Error::Success();
+    Scratch scratch{alloc};
     if (indices.element_type() == ffi::DataType::S32)
-      result = run<T>(op, stream, scratch, w, indices.reinterpret_data<int32_t>(),
-                      dy.reinterpret_data<T>(), dx->reinterpret_data<T>());
-    else
-      result = run<T>(op, stream, scratch, w, indices.reinterpret_data<int64_t>(),
-                      dy.reinterpret_data<T>(), dx->reinterpret_data<T>());
+      return run<T>(op, stream, scratch, w, indices.reinterpret_data<int32_t>(),
+                    dy.reinterpret_data<T>(), dx->reinterpret_data<T>());
+    return run<T>(op, stream, scratch, w, indices.reinterpret_data<int64_t>(),
+                  dy.reinterpret_data<T>(), dx->reinterpret_data<T>());
   });
-  if (!ok) return invalid(op, "unsupported dtype");
-  return result;
 }
 
 }  // namespace
@@ -285,6 +273,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherGradCuda, gather_grad_cuda,
                               bind_args(ffi::Ffi::Bind()
                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                             .Ctx<ffi::ScratchAllocator>()));
-JAXOPS_REGISTER("jaxops_gather_grad", GatherGradCuda);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_gather_grad", GatherGradCuda);
+}
 
 }  // namespace jaxops::gather

@@ -80,7 +80,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Msfp15EncoderCuda, encoder,
                               bind_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Msfp15DecoderCuda, decoder,
                               bind_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
-JAXOPS_REGISTER("jaxops_gist_pack_msfp15_encoder", Msfp15EncoderCuda);
-JAXOPS_REGISTER("jaxops_gist_pack_msfp15_decoder", Msfp15DecoderCuda);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_gist_pack_msfp15_encoder", Msfp15EncoderCuda);
+  r.add("jaxops_gist_pack_msfp15_decoder", Msfp15DecoderCuda);
+}
 
 }  // namespace jaxops::gist

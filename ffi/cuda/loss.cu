@@ -29,15 +29,6 @@ namespace {
 constexpr int kUnroll = 4;      // vectors in flight per thread
 constexpr int kMaxThreads = 512;
 
-template <typename T> __device__ __forceinline__ acc_t<T> ld(T v) {
-  if constexpr (std::is_same_v<T, double>) return v;
-  else return to_f32(v);
-}
-template <typename O> __device__ __forceinline__ O st(acc_t<O> v) {
-  if constexpr (std::is_same_v<O, double>) return v;
-  else return from_f32<O>(v);
-}
-
 // exp in the accumulation type; the 16-bit inputs use the fast hardware exp (its error is
 // far below their rounding), f32 and f64 the accurate one.
 template <typename T> __device__ __forceinline__ acc_t<T> fexp(acc_t<T> x) {
@@ -126,17 +117,17 @@ fwd_kernel(int64_t rows, int64_t c, const T* __restrict__ x, const int32_t* __re
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (i0 + int64_t(u) * blockDim.x >= nvec) break;
-        A vmax = ld(buf[u].v[0]);
+        A vmax = to_acc(buf[u].v[0]);
 #pragma unroll
-        for (int k = 1; k < V; ++k) vmax = fmax(vmax, ld(buf[u].v[k]));
+        for (int k = 1; k < V; ++k) vmax = fmax(vmax, to_acc(buf[u].v[k]));
         if (vmax > ms.m) { ms.s *= fexp<T>(ms.m - vmax); ms.m = vmax; }
         if (ms.m != A(-INFINITY)) {
 #pragma unroll
-          for (int k = 0; k < V; ++k) ms.s += fexp<T>(ld(buf[u].v[k]) - ms.m);
+          for (int k = 0; k < V; ++k) ms.s += fexp<T>(to_acc(buf[u].v[k]) - ms.m);
         }
         // a nan anywhere makes the sum nan (fmax skips nans, so add them explicitly)
 #pragma unroll
-        for (int k = 0; k < V; ++k) if (ld(buf[u].v[k]) != ld(buf[u].v[k])) ms.s = NAN;
+        for (int k = 0; k < V; ++k) if (to_acc(buf[u].v[k]) != to_acc(buf[u].v[k])) ms.s = NAN;
       }
     }
     ms = block_merge(ms);
@@ -144,7 +135,7 @@ fwd_kernel(int64_t rows, int64_t c, const T* __restrict__ x, const int32_t* __re
     if (threadIdx.x == 0) {
       const int32_t l = labels[r];
       lse_out[r] = lse;
-      nll[r] = in_range(l, c) ? lse - ld(x[r * c + l]) : A(0);
+      nll[r] = in_range(l, c) ? lse - to_acc(x[r * c + l]) : A(0);
     }
     if constexpr (kLogProb) {
       Pack<O, V>* out = reinterpret_cast<Pack<O, V>*>(log_prob + r * c);
@@ -152,7 +143,7 @@ fwd_kernel(int64_t rows, int64_t c, const T* __restrict__ x, const int32_t* __re
         const Pack<T, V> in = load_ldg(xr + i);
         Pack<O, V> o;
 #pragma unroll
-        for (int k = 0; k < V; ++k) o.v[k] = st<O>(acc_t<O>(ld(in.v[k]) - lse));
+        for (int k = 0; k < V; ++k) o.v[k] = from_acc<O>(acc_t<O>(to_acc(in.v[k]) - lse));
         out[i] = o;
       }
     }
@@ -189,9 +180,9 @@ bwd_kernel(int64_t rows, int64_t c, const acc_t<T>* __restrict__ g, const T* __r
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const int64_t col = i * V + k;
-          A v = gr * (fexp<T>(ld(buf[u].v[k]) - lr) - (col == l ? A(1) : A(0)));
-          if constexpr (kBias) v += A(ld(b.v[k]));
-          o.v[k] = st<O>(acc_t<O>(v));
+          A v = gr * (fexp<T>(to_acc(buf[u].v[k]) - lr) - (col == l ? A(1) : A(0)));
+          if constexpr (kBias) v += A(to_acc(b.v[k]));
+          o.v[k] = from_acc<O>(acc_t<O>(v));
         }
         store_cs(dr + i, o);
       }
@@ -216,15 +207,6 @@ template <typename T> bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-template <typename F>
-bool dispatch2(ffi::DataType t, ffi::DataType o, F&& f) {
-  bool inner_ok = true;
-  bool ok = dispatch_float(t, [&](auto tt) {
-    inner_ok = dispatch_float(o, [&](auto oo) { f(tt, oo); });
-  });
-  return ok && inner_ok;
-}
-
 template <typename T, typename O, int V, bool kLogProb>
 void launch_fwd(cudaStream_t stream, int64_t rows, int64_t c, const T* x, const int32_t* l,
                 acc_t<T>* nll, acc_t<T>* lse, O* lp) {
@@ -243,13 +225,12 @@ ffi::Error fwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer x, ffi::
                     ffi::Result<ffi::AnyBuffer> nll, ffi::Result<ffi::AnyBuffer> lse,
                     ffi::AnyBuffer* log_prob, int64_t out_type) {
   int64_t rows, c;
-  if (auto err = check_fwd(x, labels, *nll, *lse, log_prob, out_type, &rows, &c); !err.empty())
-    return invalid(op, err);
-  if (rows == 0) return ffi::Error::Success();
+  const std::string err = check_fwd(x, labels, *nll, *lse, log_prob, out_type, &rows, &c);
   const ffi::DataType o = log_prob ? log_prob->element_type() : x.element_type();
-  bool ok = dispatch2(x.element_type(), o, [&](auto tt, auto oo) {
+  return checked_dispatch(op, err, x.element_type(), o, [&](auto tt, auto oo) {
     using T = decltype(tt);
     using O = decltype(oo);
+    if (rows == 0) return ffi::Error::Success();
     constexpr int V = 16 / sizeof(T);
     const T* xp = x.reinterpret_data<T>();
     O* lp = log_prob ? log_prob->reinterpret_data<O>() : nullptr;
@@ -264,21 +245,19 @@ ffi::Error fwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer x, ffi::
       if (vec) launch_fwd<T, T, V, false>(stream, rows, c, xp, lab, n, s, nullptr);
       else launch_fwd<T, T, 1, false>(stream, rows, c, xp, lab, n, s, nullptr);
     }
+    return launched(op);
   });
-  if (!ok) return invalid(op, "unsupported dtype");
-  return launched(op);
 }
 
 ffi::Error bwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer x,
                     ffi::AnyBuffer lse, ffi::AnyBuffer labels, const ffi::AnyBuffer* bias,
                     ffi::AnyBuffer* d, int64_t out_type) {
   int64_t rows, c;
-  if (auto err = check_bwd(g, x, lse, labels, bias, *d, out_type, &rows, &c); !err.empty())
-    return invalid(op, err);
-  if (d->element_count() == 0) return ffi::Error::Success();
-  bool ok = dispatch2(x.element_type(), d->element_type(), [&](auto tt, auto oo) {
+  const std::string err = check_bwd(g, x, lse, labels, bias, *d, out_type, &rows, &c);
+  return checked_dispatch(op, err, x.element_type(), d->element_type(), [&](auto tt, auto oo) {
     using T = decltype(tt);
     using O = decltype(oo);
+    if (d->element_count() == 0) return ffi::Error::Success();
     constexpr int V = 16 / sizeof(T);
     const T* xp = x.reinterpret_data<T>();
     O* dp = d->reinterpret_data<O>();
@@ -294,9 +273,8 @@ ffi::Error bwd_impl(const char* op, cudaStream_t stream, ffi::AnyBuffer g, ffi::
       if (vec) launch_bwd<T, O, V, false>(stream, rows, c, gp, xp, sp, lab, bp, dp);
       else launch_bwd<T, O, 1, false>(stream, rows, c, gp, xp, sp, lab, bp, dp);
     }
+    return launched(op);
   });
-  if (!ok) return invalid(op, "unsupported dtype");
-  return launched(op);
 }
 
 ffi::Error sce_fwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer labels,
@@ -329,9 +307,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SceFwdLogProbCuda, sce_fwd_log_prob, bind_fwd_log_
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SceBwdCuda, sce_bwd, bind_bwd(JAXOPS_CUDA_BIND));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SceBwdBiasCuda, sce_bwd_bias, bind_bwd_bias(JAXOPS_CUDA_BIND));
 #undef JAXOPS_CUDA_BIND
-JAXOPS_REGISTER("jaxops_sce_fwd", SceFwdCuda);
-JAXOPS_REGISTER("jaxops_sce_fwd_log_prob", SceFwdLogProbCuda);
-JAXOPS_REGISTER("jaxops_sce_bwd", SceBwdCuda);
-JAXOPS_REGISTER("jaxops_sce_bwd_bias", SceBwdBiasCuda);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_sce_fwd", SceFwdCuda);
+  r.add("jaxops_sce_fwd_log_prob", SceFwdLogProbCuda);
+  r.add("jaxops_sce_bwd", SceBwdCuda);
+  r.add("jaxops_sce_bwd_bias", SceBwdBiasCuda);
+}
 
 }  // namespace jaxops::loss

@@ -1,15 +1,4 @@
-// The _cuda extension: hands Python every handler registered by the op-family files.
-#include <nanobind/nanobind.h>
+// The _cuda extension: hands Python every op family's CUDA handlers (jaxops/module.h).
+#include "jaxops/module.h"
 
-#include "jaxops/registry.h"
-
-namespace nb = nanobind;
-
-NB_MODULE(_cuda, m) {
-  m.def("registrations", [] {
-    nb::dict out;
-    for (auto& [name, fn] : jaxops::registry())
-      out[name.c_str()] = nb::capsule(reinterpret_cast<void*>(fn));
-    return out;
-  });
-}
+NB_MODULE(_cuda, m) { jaxops::define_module(m); }

@@ -381,11 +381,6 @@ int elementwise_blocks(int64_t total) {
 // ---------------------------------------------------------------------------------------------
 // Handlers
 
-ffi::Error finish(const char* op, bool dtype_ok, cudaError_t err) {
-  if (!dtype_ok) return invalid(op, "unsupported dtype");
-  return launched(op, err);
-}
-
 template <int kMode>
 ffi::Error ln_handler(const char* op, cudaStream_t stream, ffi::ScratchAllocator& scratch,
                       ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer scale,
@@ -393,20 +388,17 @@ ffi::Error ln_handler(const char* op, cudaStream_t stream, ffi::ScratchAllocator
                       ffi::AnyBuffer* dx, ffi::AnyBuffer* dscale, ffi::AnyBuffer* dbias,
                       int64_t axis, int64_t batch) {
   LnView v;
-  if (auto err = check_ln(dy, x, scale, bias, mean, inv, dx, dscale, dbias, axis, batch, &v);
-      !err.empty())
-    return invalid(op, err);
-  cudaError_t err = cudaSuccess;
-  const bool ok = dispatch(x.element_type(), [&](auto tag) {
+  const std::string err =
+      check_ln(dy, x, scale, bias, mean, inv, dx, dscale, dbias, axis, batch, &v);
+  return checked_dispatch(op, err, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     auto cp = [](const ffi::AnyBuffer* b) { return b ? b->reinterpret_data<A>() : nullptr; };
     LnArgs<T> a{dy.reinterpret_data<T>(), x.reinterpret_data<T>(), scale.reinterpret_data<A>(),
                 cp(bias), cp(mean), inv.reinterpret_data<A>(), dx->reinterpret_data<T>(),
                 dscale->reinterpret_data<A>(), dbias ? dbias->reinterpret_data<A>() : nullptr};
-    err = launch_ln<kMode, T>(a, v, scratch, stream);
+    return launched(op, launch_ln<kMode, T>(a, v, scratch, stream));
   });
-  return finish(op, ok, err);
 }
 
 ffi::Error layer_grad(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer dy,
@@ -439,14 +431,12 @@ ffi::Error batch_norm_grad(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffe
                            ffi::Result<ffi::AnyBuffer> dbias, int64_t batch) {
   const char* op = "batch_normalization_grad";
   BnView v;
-  if (auto err = check_bn_grad(dy, x, scale, mean, inv, *dx, *dscale, *dbias, batch, &v);
-      !err.empty())
-    return invalid(op, err);
+  const std::string err = check_bn_grad(dy, x, scale, mean, inv, *dx, *dscale, *dbias, batch, &v);
   const int64_t ch = v.groups * v.c;  // one block per channel
-  const bool ok = dispatch(x.element_type(), [&](auto tag) {
+  return checked_dispatch(op, err, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    if (ch == 0) return;
+    if (ch == 0) return launched(op);
     const T *dyp = dy.reinterpret_data<T>(), *xp = x.reinterpret_data<T>();
     const A *mp = mean.reinterpret_data<A>(), *ip = inv.reinterpret_data<A>();
     A *ds = dscale->reinterpret_data<A>(), *db = dbias->reinterpret_data<A>();
@@ -455,8 +445,8 @@ ffi::Error batch_norm_grad(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffe
     if (total > 0)
       bn_grad_dx<T><<<elementwise_blocks(total), kThreads, 0, stream>>>(
           v, dyp, xp, scale.reinterpret_data<A>(), mp, ip, ds, db, dx->reinterpret_data<T>());
+    return launched(op);
   });
-  return finish(op, ok, cudaSuccess);
 }
 
 ffi::Error batch_norm_train(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale,
@@ -468,15 +458,13 @@ ffi::Error batch_norm_train(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
                             int64_t batch) {
   const char* op = "batch_norm_internal";
   BnView v;
-  if (auto err = check_bn_train(x, scale, b, in_mean, in_var, *y, *run_mean, *run_var,
-                                *saved_mean, *saved_inv, batch, &v);
-      !err.empty())
-    return invalid(op, err);
+  const std::string err = check_bn_train(x, scale, b, in_mean, in_var, *y, *run_mean, *run_var,
+                                         *saved_mean, *saved_inv, batch, &v);
   const int64_t ch = v.groups * v.c;  // one block per channel
-  const bool ok = dispatch(x.element_type(), [&](auto tag) {
+  return checked_dispatch(op, err, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    if (ch == 0) return;
+    if (ch == 0) return launched(op);
     const T* xp = x.reinterpret_data<T>();
     A *sm = saved_mean->reinterpret_data<A>(), *si = saved_inv->reinterpret_data<A>();
     bn_train_stats<T><<<ch, kThreads, 0, stream>>>(
@@ -487,8 +475,8 @@ ffi::Error batch_norm_train(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffe
       bn_train_y<T><<<elementwise_blocks(total), kThreads, 0, stream>>>(
           v, xp, scale.reinterpret_data<A>(), b.reinterpret_data<A>(), sm, si,
           y->reinterpret_data<T>());
+    return launched(op);
   });
-  return finish(op, ok, cudaSuccess);
 }
 
 }  // namespace
@@ -503,10 +491,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(InvertibleNormGradCuda, invertible_grad,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchNormGradCuda, batch_norm_grad, bind_bn_grad(JAXOPS_CUDA_BIND));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BatchNormTrainCuda, batch_norm_train, bind_bn_train(JAXOPS_CUDA_BIND));
 #undef JAXOPS_CUDA_BIND
-JAXOPS_REGISTER("jaxops_layer_normalization_grad", LayerNormGradCuda);
-JAXOPS_REGISTER("jaxops_simplified_layer_normalization_grad", SimplifiedNormGradCuda);
-JAXOPS_REGISTER("jaxops_invertible_layer_normalization_grad", InvertibleNormGradCuda);
-JAXOPS_REGISTER("jaxops_batch_normalization_grad", BatchNormGradCuda);
-JAXOPS_REGISTER("jaxops_batch_norm_internal", BatchNormTrainCuda);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_layer_normalization_grad", LayerNormGradCuda);
+  r.add("jaxops_simplified_layer_normalization_grad", SimplifiedNormGradCuda);
+  r.add("jaxops_invertible_layer_normalization_grad", InvertibleNormGradCuda);
+  r.add("jaxops_batch_normalization_grad", BatchNormGradCuda);
+  r.add("jaxops_batch_norm_internal", BatchNormTrainCuda);
+}
 
 }  // namespace jaxops::norm

@@ -894,20 +894,17 @@ template <class Math>
 ffi::Error handler(const char* op, cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
                    ffi::Result<ffi::AnyBuffer> dx, int64_t axis, int64_t through_end) {
   View v;
-  if (auto err = check_args(dy, y, *dx, axis, through_end != 0, &v); !err.empty())
-    return invalid(op, err);
-  if (dy.element_count() == 0) return ffi::Error::Success();
-  cudaError_t err = cudaSuccess;
-  const bool ok = dispatch_float(dy.element_type(), [&](auto tag) {
+  return checked_dispatch(op, check_args(dy, y, *dx, axis, through_end != 0, &v),
+                          dy.element_type(), [&](auto tag) {
     using T = decltype(tag);
+    if (dy.element_count() == 0) return ffi::Error::Success();
     DeviceInfo dev;
-    err = device_info(&dev);
+    cudaError_t err = device_info(&dev);
     if (err == cudaSuccess)
       err = launch<Math>(v, dev, dy.reinterpret_data<T>(), y.reinterpret_data<T>(),
                          dx->reinterpret_data<T>(), stream);
+    return launched(op, err);
   });
-  if (!ok) return invalid(op, "unsupported dtype");
-  return launched(op, err);
 }
 
 ffi::Error softmax_grad_cuda(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
@@ -926,7 +923,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxGradCuda, softmax_grad_cuda,
                               bind_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LogSoftmaxGradCuda, log_softmax_grad_cuda,
                               bind_args(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
-JAXOPS_REGISTER("jaxops_softmax_grad", SoftmaxGradCuda);
-JAXOPS_REGISTER("jaxops_log_softmax_grad", LogSoftmaxGradCuda);
+
+void register_handlers(Registry& r) {
+  r.add("jaxops_softmax_grad", SoftmaxGradCuda);
+  r.add("jaxops_log_softmax_grad", LogSoftmaxGradCuda);
+}
 
 }  // namespace jaxops::softmax

@@ -1,12 +1,15 @@
-// Argument checks shared by handlers. Python validates first; these keep a handler
-// safe if it is ever called with something else (they return errors, never assert).
+// Argument checks and the check-and-dispatch step shared by handlers. Python validates first;
+// these keep a handler safe if it is ever called with something else (they return errors,
+// never assert).
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
+#include <utility>
 
+#include "jaxops/dtype.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxops {
@@ -116,6 +119,36 @@ std::string check_list_types(const char* what, const List& list, Types ok) {
       return err;
   }
   return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step every typed handler starts with, on both platforms:
+//   View v;
+//   return checked_dispatch(op, check_args(..., &v), x.element_type(), [&](auto tag) {
+//     using T = decltype(tag);  // f32, f64, f16 or bf16 storage
+//     ...                       // returns nothing (success) or an ffi::Error
+//   });
+// `err` is the family's check (from its header, so CPU and CUDA agree): a message naming the
+// bad argument, empty when the arguments are valid. It checked the element types first, so the
+// dispatch finds a type; "unsupported dtype" only guards a check that forgot to.
+template <typename F>
+xla::ffi::Error checked_dispatch(const char* op, const std::string& err, DataType dt, F&& f) {
+  if (!err.empty()) return invalid(op, err);
+  xla::ffi::Error result = xla::ffi::Error::Success();
+  const bool ok = dispatch_float(dt, [&](auto tag) {
+    if constexpr (std::is_void_v<decltype(f(tag))>) f(tag);
+    else result = f(tag);
+  });
+  return ok ? std::move(result) : invalid(op, "unsupported dtype");
+}
+
+// The same for two float dtypes (an input's and an output's): f(T{}, O{}).
+template <typename F>
+xla::ffi::Error checked_dispatch(const char* op, const std::string& err, DataType t, DataType o,
+                                 F&& f) {
+  return checked_dispatch(op, err, t, [&](auto tt) {
+    return checked_dispatch(op, {}, o, [&](auto oo) { return f(tt, oo); });
+  });
 }
 
 }  // namespace jaxops

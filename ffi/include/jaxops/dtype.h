@@ -1,5 +1,6 @@
-// Element types shared by the CPU and CUDA handlers: 16-bit floats as raw storage,
-// conversions to/from f32 usable on host and device, and a dtype dispatcher.
+// Element types shared by the CPU and CUDA handlers: 16-bit floats as raw storage, the one
+// conversion API to and from the accumulation type (to_acc, from_acc, load, store; host and
+// device), and a dtype dispatcher.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #define JAXOPS_HD __host__ __device__ __forceinline__
 #else
 #define JAXOPS_HD inline
@@ -23,24 +26,15 @@ namespace ffi = xla::ffi;
 struct f16 { uint16_t bits; };
 struct bf16 { uint16_t bits; };
 
-JAXOPS_HD float bits_to_f32(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f; std::memcpy(&f, &u, 4); return f;
-#endif
-}
-JAXOPS_HD uint32_t f32_to_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u; std::memcpy(&u, &f, 4); return u;
-#endif
-}
+// Software conversions, bit-exact IEEE with round to nearest even (as XLA converts): the
+// host's, which has no native 16-bit float type in C++17 (from_acc/to_acc below are the API).
+namespace detail {
 
-JAXOPS_HD float to_f32(float x) { return x; }
-JAXOPS_HD float to_f32(bf16 x) { return bits_to_f32(uint32_t(x.bits) << 16); }
-JAXOPS_HD float to_f32(f16 x) {
+inline float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+inline float bf16_to_f32(bf16 x) { return bits_to_f32(uint32_t(x.bits) << 16); }
+inline float f16_to_f32(f16 x) {
   // IEEE half -> single, including subnormals, inf and nan.
   uint32_t h = x.bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
   if (exp == 0x1f) return bits_to_f32(sign | 0x7f800000u | (man << 13));
@@ -51,14 +45,13 @@ JAXOPS_HD float to_f32(f16 x) {
   return bits_to_f32(sign | ((exp + 112) << 23) | (man << 13));
 }
 
-// Round to nearest even, as XLA converts.
-JAXOPS_HD bf16 to_bf16(float f) {
+inline bf16 f32_to_bf16(float f) {
   uint32_t u = f32_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet nan
   u += 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t(u >> 16)};
 }
-JAXOPS_HD f16 to_f16(float f) {
+inline f16 f32_to_f16(float f) {
   uint32_t u = f32_to_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};      // nan
   if (a >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};      // overflow -> inf
@@ -74,22 +67,51 @@ JAXOPS_HD f16 to_f16(float f) {
   return f16{uint16_t(sign | (r >> 13))};
 }
 
-template <typename T> JAXOPS_HD T from_f32(float x);
-template <> JAXOPS_HD float from_f32<float>(float x) { return x; }
-template <> JAXOPS_HD bf16 from_f32<bf16>(float x) { return to_bf16(x); }
-template <> JAXOPS_HD f16 from_f32<f16>(float x) { return to_f16(x); }
+}  // namespace detail
 
 // The type arithmetic runs in: f64 for f64, f32 for everything else.
 template <typename T> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
 template <typename T> using acc_t = typename Acc<T>::type;
 
-template <typename T> JAXOPS_HD acc_t<T> load(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, double>) return p[i]; else return to_f32(p[i]);
+// The one conversion API: to_acc widens a stored element to acc_t, from_acc<T> rounds back
+// (to nearest even). Device code uses the hardware conversions of cuda_fp16.h/cuda_bf16.h
+// (one instruction each; the software forms compile to longer sequences, and the tuned
+// kernels were measured with these), host code the software ones above. The two agree on
+// every value but NaN payloads: a NaN stays NaN, its payload bits may differ.
+JAXOPS_HD float to_acc(float x) { return x; }
+JAXOPS_HD double to_acc(double x) { return x; }
+JAXOPS_HD float to_acc(bf16 x) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(uint32_t(x.bits) << 16);
+#else
+  return detail::bf16_to_f32(x);
+#endif
 }
-template <typename T> JAXOPS_HD void store(T* p, int64_t i, acc_t<T> v) {
-  if constexpr (std::is_same_v<T, double>) p[i] = v; else p[i] = from_f32<T>(v);
+JAXOPS_HD float to_acc(f16 x) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(x.bits));
+#else
+  return detail::f16_to_f32(x);
+#endif
 }
+
+template <typename T>
+JAXOPS_HD T from_acc(acc_t<T> x) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, bf16>) return bf16{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
+  else if constexpr (std::is_same_v<T, f16>) return f16{__half_as_ushort(__float2half_rn(x))};
+  else return x;
+#else
+  if constexpr (std::is_same_v<T, bf16>) return detail::f32_to_bf16(x);
+  else if constexpr (std::is_same_v<T, f16>) return detail::f32_to_f16(x);
+  else return x;
+#endif
+}
+
+// Element i of p, in acc_t; and the same, rounded back into p.
+template <typename T> JAXOPS_HD acc_t<T> load(const T* p, int64_t i) { return to_acc(p[i]); }
+template <typename T> JAXOPS_HD void store(T* p, int64_t i, acc_t<T> v) { p[i] = from_acc<T>(v); }
 
 // Calls f(T{}) with T the storage type of a floating dtype; false if unsupported.
 template <typename F>

@@ -80,10 +80,6 @@ inline std::string make_bn_view(ffi::Span<const int64_t> dims, int64_t batch, Bn
   return {};
 }
 
-// Calls f(T{}) for the kernels' element types: f32, f64, f16, bf16 (A = acc_t<T>).
-template <typename F>
-bool dispatch(ffi::DataType dt, F&& f) { return dispatch_float(dt, std::forward<F>(f)); }
-
 inline ffi::DataType acc_dtype(ffi::DataType dt) {
   return dt == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
 }

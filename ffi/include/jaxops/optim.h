@@ -274,6 +274,24 @@ inline std::string check_scalar(const ffi::AnyBuffer& x, const char* name, ffi::
 }
 
 // The AdamW and SGD handlers' checks, for both platforms; an empty string when valid.
+// AdamW's and SGD's dtypes, once check_lists passed (each list shares one dtype): the operand
+// lists but the gradients (list 1) and every result have the weights' dtype, and the
+// (weights, gradients) pair is one dispatch_wg takes.
+inline std::string check_weight_dtypes(const ffi::RemainingArgs& in, const ffi::RemainingRets& out,
+                                       int64_t count, int64_t lists) {
+  if (count == 0) return {};
+  const ffi::DataType w = in.get<ffi::AnyBuffer>(0)->element_type();
+  for (int64_t l = 2; l < lists; ++l)
+    if (in.get<ffi::AnyBuffer>(l * count)->element_type() != w)
+      return "weights and moments must share one dtype";
+  for (size_t i = 0; i < out.size(); ++i)
+    if ((*out.get<ffi::AnyBuffer>(i))->element_type() != w)
+      return "results must have the weights' dtype";
+  if (!dispatch_wg(w, in.get<ffi::AnyBuffer>(count)->element_type(), [](auto, auto) {}))
+    return "unsupported weight/gradient dtypes";
+  return {};
+}
+
 inline std::string check_adamw(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& step,
                                const ffi::AnyBuffer& signal, const ffi::AnyBuffer& flag,
                                const ffi::RemainingArgs& in, const ffi::RemainingRets& out,
@@ -287,7 +305,7 @@ inline std::string check_adamw(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& s
                    check_lists(in, out, count, 4, 3)})
     if (!err.empty()) return err;
   if (mode != 0 && mode != 1) return "adam_mode must be 0 or 1";
-  return {};
+  return check_weight_dtypes(in, out, count, 4);  // after check_lists: indexes the lists
 }
 
 inline std::string check_sgd(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& signal,
@@ -300,7 +318,7 @@ inline std::string check_sgd(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& sig
                    check_list_types("result", out, kFloatTypes),
                    check_lists(in, out, count, 2, 1)})
     if (!err.empty()) return err;
-  return {};
+  return check_weight_dtypes(in, out, count, 2);  // after check_lists: indexes the lists
 }
 
 // The LAMB handlers' checks (f32 weights and moments, one gradient dtype), for both platforms.
@@ -329,6 +347,8 @@ inline std::string check_lamb(const ffi::AnyBuffer& signal, const ffi::AnyBuffer
           (r >= 0 && (*out.get<ffi::AnyBuffer>(r * count + i))->element_type() != want))
         return "weights and moments must be float32, results of their operands' dtypes";
   }
+  if (count > 0 && in.get<ffi::AnyBuffer>(count)->element_type() == ffi::DataType::F64)
+    return "gradients must be f32, f16 or bf16";
   return {};
 }
 

@@ -1,0 +1,29 @@
+// The body of both extension modules (_cpu, _cuda): registrations() -> {target: capsule} of
+// every family's handlers, and expected_targets(), the list Python checks them against.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "jaxops/registry.h"
+
+namespace jaxops {
+
+inline void define_module(nanobind::module_& m) {
+  namespace nb = nanobind;
+  m.def("registrations", [] {
+    Registry r;
+#define JAXOPS_REGISTER_FAMILY(family) family::register_handlers(r);
+    JAXOPS_FAMILIES(JAXOPS_REGISTER_FAMILY)
+#undef JAXOPS_REGISTER_FAMILY
+    nb::dict out;
+    for (auto& [name, fn] : r.handlers) out[name.c_str()] = nb::capsule(reinterpret_cast<void*>(fn));
+    return out;
+  });
+  m.def("expected_targets", [] {
+    nb::list out;
+    for (const char* name : kTargets) out.append(name);
+    return out;
+  });
+}
+
+}  // namespace jaxops

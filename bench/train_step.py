@@ -14,7 +14,8 @@ Each implementation runs full training steps (forward, backward, AdamW update, n
 accumulation):
 
   jaxops fused  training_model.onnx and optimizer_model.onnx imported by jaxops, run in ONE
-                jax.jit per step, parameters and moments donated (updated in place)
+                jax.jit per step (jaxops.onnx.train_core.Trainer.step), the state donated
+                (updated in place)
   jaxops API    jaxops.onnx.training as a migrated ORT script runs it: module(x, y);
                 optimizer.step(); module.lazy_reset_grad() (two jitted calls per step)
   torch eager   the same nn.Module, F.cross_entropy, torch.optim.AdamW (fused on CUDA) with
@@ -58,15 +59,13 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 try:  # the importer needs onnx (the `onnx` extra); `python -m bench` imports this module
     import onnx
 
-    import jaxops.onnx
     from jaxops.onnx import checkpoint as ckpt_format
-    from jaxops.onnx import training
+    from jaxops.onnx import train_core, training
 except ImportError as e:
     onnx = None
     _MISSING = str(e)
@@ -146,53 +145,33 @@ def flops_per_step(config: dict) -> float:
 
 
 class JaxFused:
-    """The training graph and the optimizer graph in one jitted, donated step."""
+    """The training graph and the optimizer graph in one jitted, donated step
+    (jaxops.onnx.train_core's Trainer.step)."""
 
     name = "jaxops fused"
 
     def __init__(self, directory: Path, params: dict, device):
-        train = jaxops.onnx.load(str(directory / "training_model.onnx"))
-        opt = jaxops.onnx.load(str(directory / "optimizer_model.onnx"))
-        names = [n[:-len(BUF)] for n in train.input_names if n.endswith(BUF)]
-        if sorted(names) != sorted(params):
-            raise ValueError(f"the training graph trains {sorted(names)}, the torch model has "
-                             f"{sorted(params)}")
-
-        def step(params, moments, lr, count, ids, labels):
-            feeds = {"input": ids, "labels": labels, **params,
-                     # overwritten (lazy_reset_grad is true), so XLA drops these zeros
-                     **{n + BUF: jnp.zeros_like(params[n]) for n in names},
-                     "lazy_reset_grad": jnp.ones((1,), bool)}
-            (loss, *_), updates = train.run_with_updates(train.params, **feeds)
-            grads = [updates[n + BUF] for n in names]
-            _, new = opt.run_with_updates(
-                opt.params, learning_rate=lr, step=count, params=[params[n] for n in names],
-                gradients=grads, first_order_moments=[m[0] for m in moments],
-                second_order_moments=[m[1] for m in moments])
-            new_params = dict(zip(names, new["params"]))
-            new_moments = list(zip(new["first_order_moments"], new["second_order_moments"]))
-            return loss, new_params, new_moments, count + 1
-
-        self._step = jax.jit(step, donate_argnums=(0, 1))
-        self.params = jax.device_put({n: params[n] for n in names}, device)
-        zeros = lambda n: np.zeros_like(params[n])
-        self.moments = jax.device_put([(zeros(n), zeros(n)) for n in names], device)
-        self.lr = jax.device_put(np.asarray([LR], np.float32), device)
-        # ORT's AdamW takes the 1-based step it is on; kept on the device, so a step's inputs
-        # are all there
-        self.count = jax.device_put(np.asarray([1], np.int32), device)
+        state = train_core.TrainState.from_checkpoint(ckpt_format.Checkpoint(trainable=params))
+        model = train_core.TrainingModel(directory / "training_model.onnx", state)
+        if sorted(model.trained) != sorted(params):
+            raise ValueError(f"the training graph trains {sorted(model.trained)}, the torch "
+                             f"model has {sorted(params)}")
+        optimizer = train_core.OptimizerModel(directory / "optimizer_model.onnx", model)
+        self._step = jax.jit(train_core.Trainer(model, optimizer).step, donate_argnums=0)
+        # the step count too lives on the device, so a step's inputs are all there
+        self.state = jax.device_put(optimizer.init(model.init(state)), device)
+        self.lr = jax.device_put(np.float32(LR), device)
         self.device = device
 
     def put(self, ids, labels):
         return jax.device_put((ids.astype(np.int32), labels.astype(np.int32)), self.device)
 
     def __call__(self, ids, labels):
-        loss, self.params, self.moments, self.count = self._step(
-            self.params, self.moments, self.lr, self.count, ids, labels)
+        (loss, *_), self.state = self._step(self.state, [ids, labels], self.lr)
         return loss
 
     def sync(self, loss):
-        jax.block_until_ready((loss, self.params, self.moments))
+        jax.block_until_ready((loss, self.state))
 
 
 class JaxAPI:
@@ -220,7 +199,7 @@ class JaxAPI:
 
     def sync(self, loss):
         # the state's device arrays (Parameter.data would copy them to the host)
-        jax.block_until_ready((loss, self.state._params, self.state._moments))
+        jax.block_until_ready((loss, self.state.train_state))
 
 
 class TorchEager:

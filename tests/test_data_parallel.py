@@ -45,24 +45,25 @@ def test_data_parallel_steps_equal_single_device_steps():
     mesh = jax.sharding.Mesh(np.array(on_cpu_devices(n)), ("data",))
     trainer = DataParallel(module4, optimizer4, mesh)
     parallel = [float(trainer.step(x, y)) for x, y in zip(xs, ys)]
-    initial = CheckpointState.load_checkpoint(MLP / "checkpoint")._params
+    initial = CheckpointState.load_checkpoint(MLP / "checkpoint").parameters
     np.testing.assert_allclose(parallel, single, rtol=1e-6)
-    assert state4._step == state1._step == 2
-    for name in state1._grads:  # the last step's gradient: the all-reduced mean
-        np.testing.assert_allclose(state4._grads[name], state1._grads[name], rtol=1e-5,
+    ts1, ts4 = state1.train_state, state4.train_state
+    assert ts4.step == ts1.step == 2
+    for name in ts1.grads:  # the last step's gradient: the all-reduced mean
+        np.testing.assert_allclose(ts4.grads[name], ts1.grads[name], rtol=1e-5,
                                    atol=1e-7, err_msg=name)
     # Adam moves each weight by up to lr a step whatever the gradient's size, so a gradient
     # near zero that the all-reduce rounds differently moves its weight by a fraction of lr
     # (4 H200s: 4.3e-7 off at one element); a wrong step is off by lr itself.
-    for name in state1._params:
-        p4 = state4._params[name]
+    for name in state1.parameters:
+        p4 = ts4.param(name)
         assert p4.sharding.is_fully_replicated and len(p4.sharding.device_set) == n
-        np.testing.assert_allclose(p4, state1._params[name], rtol=1e-5, atol=1e-4 * LR,
+        np.testing.assert_allclose(p4, ts1.param(name), rtol=1e-5, atol=1e-4 * LR,
                                    err_msg=name)
-        assert not np.allclose(p4, initial[name]), f"{name} did not train"
-    for name, moments in state1._moments.items():
+        assert not np.allclose(p4, initial[name].data), f"{name} did not train"
+    for name, moments in ts1.moments.items():
         for k in moments:
-            np.testing.assert_allclose(state4._moments[name][k], moments[k], rtol=1e-5,
+            np.testing.assert_allclose(ts4.moments[name][k], moments[k], rtol=1e-5,
                                        atol=1e-9, err_msg=f"{name} {k}")
 
 
@@ -71,10 +72,10 @@ def test_step_is_one_shard_map_with_an_all_reduce():
     mesh = jax.sharding.Mesh(np.array(on_cpu_devices(2)), ("data",))
     trainer = DataParallel(module, optimizer, mesh)
     data = np.load(MLP / "data.npz")
-    state = module._state
-    args = (state._params, state._moments, np.float32(0.05), np.array([1], np.int64),
-            [jax.device_put(v, trainer._batch) for v in (data["inputs"][0], data["labels"][0])])
-    hlo = trainer._step.lower(*args).compile().as_text()
+    args = (module.state.train_state, np.float32(0.05),
+            [jax.device_put(v, trainer.batch_sharding)
+             for v in (data["inputs"][0], data["labels"][0])])
+    hlo = trainer.step_fn.lower(*args).compile().as_text()
     assert re.search(r"all-reduce(-start)?\(", hlo)
 
 

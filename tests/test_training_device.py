@@ -18,7 +18,8 @@ def _module(**kwargs):
 
 
 def _devices(state):
-    return {d for p in state._params.values() for d in jax.device_put(p).devices()}
+    return {d for p in jax.tree.leaves(state.train_state) if isinstance(p, jax.Array)
+            for d in p.devices()}
 
 
 def test_default_is_jax_default_device():

@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxops.onnx.train_core import TrainState, check_inputs
 from jaxops.onnx.training import Module, Optimizer
 
 
@@ -38,11 +39,13 @@ class DataParallel:
 
     average: divide the summed gradients (and the loss) by the number of devices, right for a
       loss that is a mean over the batch (ORT's artifacts); False for a sum loss.
+    step_fn: the jitted pure step `step_fn(train_state, lr, inputs) -> (loss, train_state)`
+      that `step` calls (the state donated, the inputs sharded over the axis).
     """
 
     def __init__(self, module: Module, optimizer: Optimizer, mesh: jax.sharding.Mesh | None = None,
                  axis_name: str = "data", average: bool = True):
-        if optimizer._module is not module:
+        if optimizer.module is not module:
             raise ValueError("the optimizer belongs to another Module")
         if mesh is None:
             mesh = jax.sharding.Mesh(np.array(jax.devices()), (axis_name,))
@@ -50,32 +53,28 @@ class DataParallel:
             raise ValueError(f"the mesh has no axis {axis_name!r} (axes: {mesh.axis_names})")
         self.mesh, self.axis_name, self.average = mesh, axis_name, average
         self.shards = mesh.shape[axis_name]
-        self._module, self._optimizer = module, optimizer
-        module._train.free_axes = (0,)  # the batch: any size that splits over the devices
-        state = module._state
-        replicated = NamedSharding(mesh, P())
-        state._params = _place(state._params, replicated)
-        state._moments = _place(state._moments, replicated)
-        body = jax.shard_map(self._body, mesh=mesh,
-                             in_specs=(P(), P(), P(), P(), P(axis_name)),
-                             out_specs=(P(), P(), P(), P()))
-        self._step = jax.jit(body, donate_argnums=(0, 1))
-        self._batch = NamedSharding(mesh, P(axis_name))
+        self.module, self.optimizer = module, optimizer
+        module.core.program.free_axes = (0,)  # the batch: any size that splits over the devices
+        state = module.state
+        ts = state.train_state
+        state.train_state = _place(ts, NamedSharding(mesh, P())).replace(step=ts.step)
+        body = jax.shard_map(self._body, mesh=mesh, in_specs=(P(), P(), P(axis_name)),
+                             out_specs=(P(), P()))
+        self.step_fn = jax.jit(body, donate_argnums=0)
+        self.batch_sharding = NamedSharding(mesh, P(axis_name))
 
-    def _body(self, params, moments, lr, step, inputs):
-        module, axis = self._module, self.axis_name
-        zeros = {p: jnp.zeros_like(params[p]) for p in module._buffers}
-        # reset=True: the accumulation buffers start over, so they hold this shard's gradients
-        losses, grads = module._train_fn(params, zeros, True, inputs)
-        names = list(grads)
+    def _body(self, state: TrainState, lr, inputs):
+        axis = self.axis_name
+        # reset: the gradients start over, so they are this shard's
+        losses, state = self.module.core.train_step(state, inputs, reset=True)
+        names = list(state.grads)
         from jaxops import ops  # late: the op families load jax kernels
-        summed = ops.nccl_all_reduce(*[grads[n] for n in names], axis_name=axis)
+        summed = ops.nccl_all_reduce(*state.grads.values(), axis_name=axis)
         summed = summed if isinstance(summed, tuple) else (summed,)
         scale = 1 / self.shards if self.average else 1
         grads = {n: g * jnp.asarray(scale, g.dtype) for n, g in zip(names, summed)}
         loss = jax.lax.psum(losses[0], axis) * scale
-        new_params, new_moments = self._optimizer._fn(params, moments, grads, lr, step)
-        return loss, new_params, new_moments, grads
+        return loss, self.optimizer.core.update(state.replace(grads=grads), lr)
 
     def step(self, *inputs):
         """One data-parallel step on the global batch `inputs` (the training model's user
@@ -84,28 +83,21 @@ class DataParallel:
         `average`). Across processes, every process passes the same global batch, or a
         jax.Array already sharded over the mesh's axis (e.g. from
         jax.make_array_from_process_local_data, each process loading only its part)."""
-        module, state = self._module, self._module._state
-        if len(inputs) != len(module._train_inputs):
-            raise TypeError(f"expected {len(module._train_inputs)} inputs "
-                            f"{module._train_inputs}, got {len(inputs)}")
+        names = self.module.core.input_names
+        check_inputs(names, inputs)
         placed = []
-        for name, x in zip(module._train_inputs, inputs):
+        for name, x in zip(names, inputs):
             if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding):
                 x = np.asarray(x)
                 if x.ndim == 0 or x.shape[0] % self.shards:
                     raise ValueError(f"input {name!r} has shape {list(x.shape)}: its first "
                                      f"(batch) dimension must divide over {self.shards} devices")
-                x = _place(x, self._batch)
+                x = _place(x, self.batch_sharding)
             placed.append(x)
-        state._step += 1  # ORT's AdamW step is 1-based; the op does not increment it
-        trainable = {n: state._params[n] for n in self._optimizer._names}
-        frozen = {n: v for n, v in state._params.items() if n not in trainable}
-        params = {**frozen, **trainable}
-        lr = np.float32(self._optimizer._lr)
-        step = np.asarray([state._step], np.int64)
-        loss, new_params, state._moments, state._grads = self._step(
-            params, state._moments, lr, step, placed)
-        state._params = {**frozen, **new_params}
+        state = self.module.state
+        ts = state.train_state
+        loss, new = self.step_fn(ts, np.float32(self.optimizer.get_learning_rate()), placed)
+        state.train_state = new.replace(step=np.int64(ts.step) + 1)  # on the host, as Optimizer
         return loss
 
 

@@ -24,6 +24,11 @@ Models ORT cannot differentiate (HardSwish, Softplus, a trainable Pow exponent, 
 from their forward graph: `jaxops.onnx.artifacts.generate_artifacts` writes the same four
 artifacts with a training model that is the forward graph plus the loss, and `Module` takes
 `jax.grad` of it (see `Module` and docs/training.md).
+
+The classes are thin stateful wrappers over `jaxops.onnx.train_core`: CheckpointState holds a
+`TrainState` pytree (`state.train_state`), Module and Optimizer call jitted pure functions of
+it (`module.core`, a TrainingModel; `optimizer.core`, an OptimizerModel). A whole step, or a
+loop of steps, as one jitted function: `train_core.Trainer(module.core, optimizer.core)`.
 """
 from __future__ import annotations
 
@@ -33,56 +38,9 @@ from collections.abc import MutableMapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-import onnx
 
-from jaxops._src.compat import mark_varying, varying_axes
 from jaxops.onnx import checkpoint as ckpt_format
-
-_BUFFER_SUFFIX = "_grad.accumulation.buffer"
-_RESET_INPUT = "lazy_reset_grad"
-_GROUP = "group0"  # ORT's artifacts have one optimizer group
-_MOMENTS = ("momentum0", "momentum1")  # the checkpoint's names for AdamW's two moments
-
-# Optimizer ops: where their inputs sit (the importer returns the new params and moments,
-# which ORT writes in place, under these inputs' names).
-_OPTIMIZERS = {
-    "AdamWOptimizer": {"lr": 0, "step": 1, "params": 2, "grads": 3, "moments": (4, 5)},
-    "SGDOptimizerV2": {"lr": 0, "step": None, "params": 1, "grads": 2, "moments": ()},
-}
-
-
-def _model(uri) -> onnx.ModelProto:
-    return uri if isinstance(uri, onnx.ModelProto) else onnx.load(os.fspath(uri))
-
-
-def _load_program(model: onnx.ModelProto):
-    from jaxops.onnx import load  # the importer; imported late to keep this module light
-    return load(model)
-
-
-def _run(program, feeds: dict) -> tuple[dict, dict]:
-    """Runs an imported program on named inputs: (outputs by name, in-place updates by the
-    name of the input they replace)."""
-    outs, updates = program.run_with_updates(program.params,
-                                             *[feeds[n] for n in program.input_names])
-    return dict(zip(program.output_names, outs)), updates
-
-
-def _optimizer_node(model: onnx.ModelProto) -> onnx.NodeProto:
-    nodes = [n for n in model.graph.node if n.op_type in _OPTIMIZERS]
-    if len(nodes) != 1:
-        raise ValueError(f"expected one optimizer node ({', '.join(_OPTIMIZERS)}) in the "
-                         f"optimizer model, found {len(nodes)}")
-    return nodes[0]
-
-
-def _placeholder(t: onnx.TypeProto):
-    """A value of type `t` for an input that nothing reads: [] for a sequence, else zeros."""
-    if t.HasField("sequence_type"):
-        return []
-    tt = t.tensor_type
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type or onnx.TensorProto.FLOAT)
-    return np.zeros([d.dim_value or 1 for d in tt.shape.dim], dtype)
+from jaxops.onnx.train_core import GROUP, OptimizerModel, TrainingModel, TrainState
 
 
 class Parameter:
@@ -93,24 +51,24 @@ class Parameter:
 
     @property
     def data(self) -> np.ndarray:
-        return np.asarray(self._state._params[self.name])
+        return np.asarray(self._state.train_state.param(self.name))
 
     @property
     def requires_grad(self) -> bool:
-        return self.name in self._state._trainable
+        return self.name in self._state.train_state.params
 
     @property
     def grad(self) -> np.ndarray | None:
-        g = self._state._grads.get(self.name)
+        g = self._state.train_state.grads.get(self.name)
         return None if g is None else np.asarray(g)
 
     def copy_from(self, data) -> None:
-        old = self._state._params[self.name]
-        data = np.asarray(data)
+        ts = self._state.train_state
+        old, data = ts.param(self.name), np.asarray(data)
         if data.shape != old.shape or data.dtype != old.dtype:
             raise ValueError(f"parameter {self.name!r} is {old.dtype}{list(old.shape)}, "
                              f"got {data.dtype}{list(data.shape)}")
-        self._state._params[self.name] = jnp.asarray(data)
+        self._state.train_state = ts.with_params({self.name: jnp.asarray(data)})
 
     def __repr__(self):
         return f"Parameter({self.name!r}, requires_grad={self.requires_grad})"
@@ -120,8 +78,12 @@ class _Parameters(MutableMapping):
     def __init__(self, state):
         self._state = state
 
+    def _names(self):
+        ts = self._state.train_state
+        return {**ts.params, **ts.frozen}
+
     def __getitem__(self, name):
-        if name not in self._state._params:
+        if name not in self._names():
             raise KeyError(name)
         return Parameter(self._state, name)
 
@@ -132,22 +94,23 @@ class _Parameters(MutableMapping):
         raise TypeError("parameters cannot be removed from a checkpoint state")
 
     def __iter__(self):
-        return iter(self._state._params)
+        return iter(self._names())
 
     def __len__(self):
-        return len(self._state._params)
+        return len(self._names())
 
 
 class _Properties(MutableMapping):
-    def __init__(self, state):
-        self._props = state._properties
+    def __init__(self, props: dict):
+        self._props = props
 
     def __getitem__(self, name):
         return self._props[name]
 
     def __setitem__(self, name, value):
         if not isinstance(value, (int, float, str)) or isinstance(value, bool):
-            raise TypeError(f"property {name!r} must be an int, float or str, got {type(value).__name__}")
+            raise TypeError(f"property {name!r} must be an int, float or str, "
+                            f"got {type(value).__name__}")
         self._props[name] = value
 
     def __delitem__(self, name):
@@ -161,18 +124,18 @@ class _Properties(MutableMapping):
 
 
 class CheckpointState:
-    """Parameters, gradients, optimizer state and properties, shared by Module and Optimizer."""
+    """Parameters, gradients, optimizer state and properties, shared by Module and Optimizer.
+
+    train_state: the arrays, a `train_core.TrainState` (replaced, never changed in place, by
+      each step). The classes keep its `step` a host number, so that reading it (the LR
+      scheduler, checkpoints) never waits for the device.
+    initial_learning_rate: the optimizer group's, saved with the optimizer state.
+    """
 
     def __init__(self, checkpoint: ckpt_format.Checkpoint):
-        self._trainable = list(checkpoint.trainable)
-        self._params = {k: jnp.asarray(v) for k, v in {**checkpoint.trainable,
-                                                       **checkpoint.frozen}.items()}
-        self._grads: dict[str, jax.Array] = {}
-        group = checkpoint.optimizer.get(_GROUP, ckpt_format.OptimizerGroup())
-        self._step = int(group.step)
-        self._initial_lr = float(group.initial_learning_rate)
-        self._moments = {p: {k: jnp.asarray(v) for k, v in m.items()}
-                         for p, m in group.states.items()}
+        self.train_state = TrainState.from_checkpoint(checkpoint)
+        group = checkpoint.optimizer.get(GROUP, ckpt_format.OptimizerGroup())
+        self.initial_learning_rate = float(group.initial_learning_rate)
         self._properties = dict(checkpoint.properties)
 
     @staticmethod
@@ -190,33 +153,18 @@ class CheckpointState:
 
     @property
     def properties(self) -> _Properties:
-        return _Properties(self)
+        return _Properties(self._properties)
 
     def _to_checkpoint(self, include_optimizer_state):
-        host = {k: np.asarray(v) for k, v in self._params.items()}
-        out = ckpt_format.Checkpoint(
-            trainable={k: host[k] for k in self._trainable},
-            frozen={k: v for k, v in host.items() if k not in self._trainable},
-            properties=dict(self._properties))
-        if include_optimizer_state and self._moments:
-            out.optimizer[_GROUP] = ckpt_format.OptimizerGroup(
-                self._step, self._initial_lr,
-                {p: {k: np.asarray(v) for k, v in m.items()} for p, m in self._moments.items()})
+        ts = self.train_state
+        host = lambda d: {k: np.asarray(v) for k, v in d.items()}
+        out = ckpt_format.Checkpoint(trainable=host(ts.params), frozen=host(ts.frozen),
+                                     properties=dict(self._properties))
+        if include_optimizer_state and ts.moments:
+            out.optimizer[GROUP] = ckpt_format.OptimizerGroup(
+                int(ts.step), self.initial_learning_rate,
+                {p: host(m) for p, m in ts.moments.items()})
         return out
-
-
-def _scalar_loss(loss, from_loss_fn: bool):
-    """The loss as the 0-d array jax.grad needs; a clear error for anything else."""
-    where = ("loss_fn returned" if from_loss_fn
-             else "the training model's first output (its loss) is")
-    shape = getattr(loss, "shape", None)
-    if shape is None or int(np.prod(shape)) != 1:
-        got = type(loss).__name__ if shape is None else f"shape {tuple(shape)}"
-        hint = "" if from_loss_fn else ": pass loss_fn=, or a loss when generating the artifacts"
-        raise ValueError(f"{where} {got}, not a scalar loss{hint}")
-    if not jnp.issubdtype(loss.dtype, jnp.inexact):
-        raise ValueError(f"{where} of dtype {loss.dtype}: a loss must be floating-point")
-    return jnp.reshape(loss, ())
 
 
 def _device(device):
@@ -238,15 +186,9 @@ def _device(device):
 class Module:
     """A training model (and optionally its eval model) bound to a CheckpointState.
 
-    Two kinds of training model train here. ORT's (from onnxruntime's `generate_artifacts`)
-    holds its own backward graph: gradient ops, InPlaceAccumulatorV2 into
-    `<param>_grad.accumulation.buffer` inputs, a `lazy_reset_grad` input. A forward-only
-    training model (from `jaxops.onnx.artifacts.generate_artifacts`, or any graph whose
-    parameters are inputs) has none of these: its first output is the loss, or `loss_fn`
-    computes the loss from its outputs, and the train step takes `jax.grad` of it with respect
-    to the checkpoint's trainable parameters, accumulated into the gradients as ORT's
-    InPlaceAccumulatorV2 does (`lazy_reset_grad` overwrites them on the next call). Either way
-    one train call is one jit-compiled function with the old gradients donated.
+    Trains ORT's artifacts (with their backward graph) and forward-only training models
+    (`jax.grad` of the loss), as `train_core.TrainingModel` describes; either way one train
+    call is one jit-compiled function with the old state donated.
 
     loss_fn: a JAX loss for a forward-only model, `loss_fn(outputs, *labels) -> scalar`:
       `outputs` is the model's output (a tuple when it has several), `labels` the arguments
@@ -255,147 +197,44 @@ class Module:
       here each time the artifacts are loaded. It also gives the eval model's result.
     device: where the parameters and the steps live: None (jax's default device, a GPU where
       jax has one), a jax.Device, or ORT's names 'cpu', 'cuda', 'cuda:N'.
+
+    state: the CheckpointState; core: the TrainingModel whose pure steps this calls.
     """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
                  device: str | jax.Device | None = None, *, loss_fn=None):
-        self._state = state
+        self.state = state
         self._device = _device(device)
+        ts = state.train_state
         if self._device is not None:
-            state._params = jax.device_put(state._params, self._device)
-        model = _model(train_model_uri)
-        self._train = _load_program(model)
-        graph_inputs = [i.name for i in model.graph.input]
-        self._param_names = [n for n in graph_inputs if n in state._params]
-        self._forward_only = not any(n.endswith(_BUFFER_SUFFIX) or n == _RESET_INPUT
-                                     for n in graph_inputs)
-        self._loss_fn, labels = loss_fn, []
-        if self._forward_only:
-            labels = self._check_forward_model(model, loss_fn)
-            # trainable param -> None: the jitted step accumulates its gradient itself
-            self._buffers = {p: None for p in self._param_names if p in state._trainable}
-            known = set(self._param_names)
-            self._loss_outputs = list(self._train.output_names)
-        else:
-            if loss_fn is not None:
-                raise ValueError("loss_fn is for forward-only training models; this one is "
-                                 "ORT's, with its loss and gradient graph built in")
-            self._buffers = {b[:-len(_BUFFER_SUFFIX)]: b for b in graph_inputs
-                             if b.endswith(_BUFFER_SUFFIX)}
-            missing = [p for p in self._buffers if p not in state._params]
-            if missing:
-                raise ValueError(f"the training model accumulates gradients of {missing}, "
-                                 "which the checkpoint does not hold")
-            known = set(self._param_names) | set(self._buffers.values()) | {_RESET_INPUT}
-            self._loss_outputs = [o for o in self._train.output_names
-                                  if not o.endswith("_grad.accumulation.out")]
-        self._model_inputs = [n for n in graph_inputs if n not in known]
-        self._train_inputs = self._model_inputs + labels
-        for p in self._buffers:
-            if p not in state._grads:
-                state._grads[p] = jnp.zeros_like(state._params[p])
-        self._eval = None
-        if eval_model_uri is not None:
-            emodel = _model(eval_model_uri)
-            self._eval = _load_program(emodel)
-            self._eval_model_inputs = [i.name for i in emodel.graph.input
-                                       if i.name not in state._params]
-            self._eval_inputs = self._eval_model_inputs + labels
+            ts = jax.device_put(ts, self._device).replace(step=ts.step)
+        self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn)
+        state.train_state = self.core.init(ts)
         self._reset = False  # gradients are zero already: accumulating into them is the same
         self._training = True
-        self._train_step = jax.jit(self._train_fn, donate_argnums=(1,))
-        self._eval_step = jax.jit(self._eval_fn)
-
-    def _check_forward_model(self, model, loss_fn) -> list[str]:
-        """Checks a forward-only training model against the state; returns the label names."""
-        from jaxops.onnx.artifacts import LOSS_FN_KEY, loss_labels
-        state = self._state
-        meta = {p.key: p.value for p in model.metadata_props}
-        if loss_fn is None and LOSS_FN_KEY in meta:
-            raise ValueError(f"this training model was generated with the JAX loss "
-                             f"{meta[LOSS_FN_KEY]!r}, which ONNX cannot hold: pass it as "
-                             "Module(..., loss_fn=...)")
-        absent = [p for p in state._trainable if p not in self._param_names]
-        if absent:
-            raise ValueError(f"the checkpoint trains {absent}, which are not inputs of the "
-                             "training model")
-        trainable = [p for p in self._param_names if p in state._trainable]
-        if not trainable:
-            raise ValueError("the checkpoint has no trainable parameter that the training "
-                             "model takes")
-        bad = [f"{p} ({state._params[p].dtype})" for p in trainable
-               if not jnp.issubdtype(state._params[p].dtype, jnp.inexact)]
-        if bad:
-            raise TypeError(f"only floating-point parameters can be trained: {bad}")
-        return [] if loss_fn is None else loss_labels(loss_fn)
-
-    # --- the jitted steps
-    def _train_fn(self, params, grads, reset, inputs):
-        """(outputs, new gradients) of one train call (DataParallel calls it too)."""
-        if self._forward_only:
-            return self._grad_train_fn(params, grads, reset, inputs)
-        feeds = dict(zip(self._train_inputs, inputs))
-        feeds.update({n: params[n] for n in self._param_names})
-        feeds.update({self._buffers[p]: g for p, g in grads.items()})
-        feeds[_RESET_INPUT] = jnp.reshape(reset, (1,))
-        out, updates = _run(self._train, feeds)
-        new_grads = {p: updates[b] for p, b in self._buffers.items()}
-        return [out[o] for o in self._loss_outputs], new_grads
-
-    def _outputs(self, program, model_inputs, params, inputs) -> list:
-        """[loss, other outputs...] of a forward-only program (with loss_fn: [loss])."""
-        n = len(model_inputs)
-        feeds = dict(zip(model_inputs, inputs[:n]))
-        feeds.update({k: params[k] for k in program.input_names if k in params})
-        out, _ = _run(program, feeds)
-        outs = [out[o] for o in program.output_names]
-        if self._loss_fn is None:
-            return outs
-        loss = self._loss_fn(outs[0] if len(outs) == 1 else tuple(outs), *inputs[n:])
-        return [loss]
-
-    def _grad_train_fn(self, params, grads, reset, inputs):
-        def loss_of(trainable):
-            outs = self._outputs(self._train, self._model_inputs, {**params, **trainable},
-                                 inputs)
-            return _scalar_loss(outs[0], self._loss_fn is not None), outs
-
-        # Inside shard_map (DataParallel), params are the same on every device and the inputs
-        # vary: jax.grad would sum the gradient over the devices itself. Marked as varying,
-        # each device gets its own gradient, and the caller decides how to reduce them.
-        axes = frozenset().union(*(varying_axes(x) for x in inputs))
-        trainable = {p: mark_varying(params[p], axes - varying_axes(params[p]))
-                     for p in self._buffers}
-        g, outs = jax.grad(loss_of, has_aux=True)(trainable)
-        # InPlaceAccumulatorV2: the buffer becomes g on a reset, buffer + g otherwise
-        new_grads = {p: jnp.where(reset, g[p], grads[p] + g[p]) for p in g}
-        return outs, new_grads
-
-    def _eval_fn(self, params, inputs):
-        if self._forward_only:
-            return self._outputs(self._eval, self._eval_model_inputs, params, inputs)
-        feeds = dict(zip(self._eval_inputs, inputs))
-        feeds.update({n: params[n] for n in self._eval.input_names if n in params})
-        out, _ = _run(self._eval, feeds)
-        return [out[o] for o in self._eval.output_names]
+        self._train_step = jax.jit(self.core.train_step, donate_argnums=0)
+        self._eval_step = jax.jit(self.core.eval_step)
 
     def __call__(self, *user_inputs):
         """One step: in train mode forward + backward (gradients accumulate); in eval mode the
         eval model. Returns the model's user outputs (the loss for ORT's artifacts)."""
-        if not self._training and self._eval is None:
-            raise RuntimeError("this Module has no eval model")
-        expected = self._train_inputs if self._training else self._eval_inputs
-        if len(user_inputs) != len(expected):
-            raise TypeError(f"expected {len(expected)} inputs {expected}, got {len(user_inputs)}")
-        inputs = [jnp.asarray(x) for x in user_inputs]
+        names = self.input_names()
+        if len(user_inputs) != len(names):  # before the inputs move to the device
+            raise TypeError(f"expected {len(names)} inputs {names}, got {len(user_inputs)}")
+        # jit takes numpy and jax arrays as they are (jnp.asarray would cost a dispatch each)
+        inputs = [x if isinstance(x, jax.Array) else np.asarray(x) for x in user_inputs]
         if self._device is not None:
             inputs = jax.device_put(inputs, self._device)
+        ts = self.state.train_state
+        # the steps read neither the moments nor the step count: left out, they cost no
+        # dispatch (and the count stays on the host)
+        read = ts.replace(moments={}, step=None)
         if self._training:
-            outs, self._state._grads = self._train_step(self._state._params, self._state._grads,
-                                                        np.bool_(self._reset), inputs)
+            outs, new = self._train_step(read, inputs, np.bool_(self._reset))
+            self.state.train_state = new.replace(moments=ts.moments, step=ts.step)
             self._reset = False
         else:
-            outs = self._eval_step(self._state._params, inputs)
+            outs = self._eval_step(read, inputs)
         return outs[0] if len(outs) == 1 else outs
 
     def train(self, mode: bool = True) -> Module:
@@ -415,102 +254,68 @@ class Module:
 
     def input_names(self) -> list[str]:
         """The call's inputs (with a loss_fn: the model's, then loss_fn's labels)."""
-        if not self._training and self._eval is None:
+        if self._training:
+            return list(self.core.input_names)
+        if self.core.eval_program is None:
             raise RuntimeError("this Module has no eval model")
-        return list(self._train_inputs if self._training else self._eval_inputs)
+        return list(self.core.eval_input_names)
 
     def output_names(self) -> list[str]:
         """The call's outputs (with a loss_fn: ["loss"])."""
-        if self._loss_fn is not None:
-            return ["loss"]
-        if not self._training and self._eval is None:
+        if self._training:
+            return list(self.core.output_names)
+        if self.core.eval_program is None:
             raise RuntimeError("this Module has no eval model")
-        return list(self._loss_outputs if self._training else self._eval.output_names)
+        return list(self.core.eval_output_names)
 
     def _names(self, trainable_only):
-        return [n for n in self._param_names if not trainable_only or n in self._buffers]
+        return list(self.core.trained if trainable_only else self.core.param_names)
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
-        return sum(int(self._state._params[n].size) for n in self._names(trainable_only))
+        ts = self.state.train_state
+        return sum(int(ts.param(n).size) for n in self._names(trainable_only))
 
     def get_contiguous_parameters(self, trainable_only: bool = False) -> jax.Array:
         """All parameters (training-model input order) as one flat array."""
-        return jnp.concatenate([self._state._params[n].ravel() for n in self._names(trainable_only)])
+        ts = self.state.train_state
+        return jnp.concatenate([ts.param(n).ravel() for n in self._names(trainable_only)])
 
     def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
-        buffer = jnp.asarray(buffer)
-        names = self._names(trainable_only)
-        if buffer.ndim != 1 or buffer.size != self.get_parameters_size(trainable_only):
-            raise ValueError(f"buffer must be 1-D with {self.get_parameters_size(trainable_only)} "
-                             f"elements, got shape {buffer.shape}")
-        offset = 0
-        for n in names:
-            p = self._state._params[n]
-            self._state._params[n] = buffer[offset:offset + p.size].reshape(p.shape).astype(p.dtype)
+        buffer, ts = jnp.asarray(buffer), self.state.train_state
+        size = self.get_parameters_size(trainable_only)
+        if buffer.ndim != 1 or buffer.size != size:
+            raise ValueError(f"buffer must be 1-D with {size} elements, got shape {buffer.shape}")
+        values, offset = {}, 0
+        for n in self._names(trainable_only):
+            p = ts.param(n)
+            values[n] = buffer[offset:offset + p.size].reshape(p.shape).astype(p.dtype)
             offset += p.size
+        self.state.train_state = ts.with_params(values)
 
 
 class Optimizer:
-    """The optimizer model (AdamWOptimizer or SGDOptimizerV2) over a Module's parameters."""
+    """The optimizer model (AdamWOptimizer or SGDOptimizerV2) over a Module's parameters.
+
+    module: the Module; core: the OptimizerModel whose pure update `step` calls.
+    """
 
     def __init__(self, optimizer_uri, module: Module):
-        self._module, self._state = module, module._state
-        model = _model(optimizer_uri)
-        node = _optimizer_node(model)
-        layout = _OPTIMIZERS[node.op_type]
-        name = lambda i: None if i is None else node.input[i]
-        self._io = {"lr": name(layout["lr"]), "step": name(layout["step"]),
-                    "params": name(layout["params"]), "grads": name(layout["grads"]),
-                    "moments": [name(i) for i in layout["moments"]]}
-        self._program = _load_program(model)
-        # inputs the node does not read (ORT's SGD model declares step and
-        # first_order_moments): fed placeholders of their declared kind
-        self._unused = {i.name: _placeholder(i.type) for i in model.graph.input
-                        if i.name not in node.input}
-        declared = {i.name: i.type.tensor_type for i in model.graph.input}
-        lr_type = declared.get(self._io["lr"])  # ORT's models declare lr as [1]
-        self._lr_shape = ((1,) * len(lr_type.shape.dim) if lr_type is not None
-                          and lr_type.HasField("shape") else ())
-        self._names = list(module._buffers)  # trainable params, training-model order
-        state = self._state
-        if state._initial_lr == 0.0:
-            state._initial_lr = 1e-3  # ORT's default when the checkpoint has none
-        self._lr = state._initial_lr
-        if layout["moments"]:  # a fresh checkpoint has none: start at zero
-            for p in self._names:
-                moments = state._moments.setdefault(p, {})
-                for k in _MOMENTS:
-                    moments.setdefault(k, jnp.zeros_like(state._params[p]))
-        self._step_fn = jax.jit(self._fn, donate_argnums=(0, 1))
-
-    def _fn(self, params, moments, grads, lr, step):
-        names, io = self._names, self._io
-        feeds = {**self._unused, io["lr"]: jnp.reshape(lr, self._lr_shape),
-                 io["params"]: [params[n] for n in names],
-                 io["grads"]: [grads[n] for n in names]}
-        if io["step"] is not None:
-            feeds[io["step"]] = step
-        for key, name in zip(_MOMENTS, io["moments"]):
-            feeds[name] = [moments[n][key] for n in names]
-        _, updates = _run(self._program, feeds)
-        new_params = dict(params)
-        new_params.update(zip(names, updates[io["params"]]))
-        new_moments = {n: dict(m) for n, m in moments.items()}
-        for key, name in zip(_MOMENTS, io["moments"]):
-            for n, v in zip(names, updates[name]):
-                new_moments[n][key] = v
-        return new_params, new_moments
+        self.module = module
+        self.core = OptimizerModel(optimizer_uri, module.core)
+        state = module.state
+        if state.initial_learning_rate == 0.0:
+            state.initial_learning_rate = 1e-3  # ORT's default when the checkpoint has none
+        self._lr = state.initial_learning_rate
+        state.train_state = self.core.init(state.train_state)
+        self._update = jax.jit(self.core.update, donate_argnums=0)
 
     def step(self) -> None:
         """One update of every trainable parameter from its accumulated gradient."""
-        state = self._state
-        state._step += 1  # ORT's AdamW step input is 1-based; the op does not increment it
-        lr = np.float32(self._lr)
-        step = np.asarray([state._step], np.int64)
-        params = {n: state._params[n] for n in self._names}
-        frozen = {n: v for n, v in state._params.items() if n not in params}
-        new_params, state._moments = self._step_fn(params, state._moments, state._grads, lr, step)
-        state._params = {**frozen, **new_params}
+        state = self.module.state
+        ts = state.train_state
+        new = self._update(ts, np.float32(self._lr))
+        # the count stays on the host (CheckpointState's docstring)
+        state.train_state = new.replace(step=np.int64(ts.step) + 1)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self._lr = float(learning_rate)
@@ -547,7 +352,8 @@ class LinearLRScheduler:
 
     def step(self) -> None:
         """Sets the learning rate for the optimizer's next step."""
-        self._optimizer.set_learning_rate(self._initial * self._factor(self._optimizer._state._step))
+        step = int(self._optimizer.module.state.train_state.step)
+        self._optimizer.set_learning_rate(self._initial * self._factor(step))
 
 
 __all__ = ["CheckpointState", "LinearLRScheduler", "Module", "Optimizer", "Parameter"]

@@ -31,7 +31,10 @@ def test_default_is_jax_default_device():
 
 
 def test_ort_device_name():
-    cpus = jax.devices("cpu")
+    try:
+        cpus = jax.devices("cpu")
+    except RuntimeError:  # JAX_PLATFORMS=cuda
+        pytest.skip("jax has no CPU backend here")
     state, _ = _module(device=f"cpu:{len(cpus) - 1}")
     assert _devices(state) == {cpus[-1]}
 

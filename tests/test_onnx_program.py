@@ -125,11 +125,24 @@ def test_handler_outputs_and_opset():
         load(m)(None, np.ones(2, np.float32))
 
 
-def test_handler_failure_names_the_node():
+def test_handler_failure_keeps_its_type_and_names_the_node():
     m = tmodel([tnode("Mul", ["x", "y"], ["z"], name="bad_mul")], ["x", "y"], ["z"])
     p = load(m)
-    with pytest.raises(OnnxImportError, match=r"'bad_mul' \(jaxops.test.Mul\)"):
+    with pytest.raises(ValueError, match="broadcast") as e:
         p(p.params, np.ones(2), np.ones(3))
+    assert not isinstance(e.value, OnnxImportError)
+    assert e.value.__notes__ == ["(while running node 'bad_mul' (jaxops.test.Mul))"]
+    # inside a subgraph: a note for each node the error passes through
+    branch = helper.make_graph([tnode("Mul", ["x", "y"], ["z"], name="inner")], "b", [],
+                               [vi("z")])
+    m = tmodel([helper.make_node("If", ["c"], ["z"], name="outer", then_branch=branch,
+                                 else_branch=branch)],
+               ["x", "y", vi("c", TensorProto.BOOL)], ["z"])
+    p = load(m)
+    with pytest.raises(ValueError) as e:
+        p(p.params, np.ones(2), np.ones(3), np.array(True))
+    assert e.value.__notes__ == ["(while running node 'inner' (jaxops.test.Mul))",
+                                 "(while running node 'outer' (If))"]
 
 
 def test_unsupported_ops_listed_at_once():

@@ -4,7 +4,7 @@
 DFT/STFT (numpy's FFTs run in float64, and the node cases check zeros to 1e-7) and
 Quantize/DynamicQuantizeLinear (numpy's float32 division is correctly rounded; XLA's on CPU is
 not, and a quotient an ulp off .5 rounds the other way) compute those parts in 64 bits whether
-x64 is on or not (jaxops/onnx/ops/_precise.py). Their node cases must give what they give with
+x64 is on or not (jaxops/onnx/handlers/_precise.py). Their node cases must give what they give with
 x64 on (tests/onnx_backend_xfail.txt lists the two that fail either way), and their
 derivatives must hold with x64 off too.
 """

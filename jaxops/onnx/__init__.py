@@ -6,7 +6,7 @@
 
 Float initializers become `program.params` (a dict pytree); integer and bool initializers and
 Constant nodes stay numpy, so shape arithmetic (Shape -> Gather -> Concat -> Reshape) resolves
-while tracing. ai.onnx nodes run through the handlers in `jaxops.onnx.ops`, com.microsoft
+while tracing. ai.onnx nodes run through the handlers in `jaxops.onnx.handlers`, com.microsoft
 nodes through `jaxops.ops.ORT_OPS`.
 """
 from jaxops.onnx.errors import OnnxImportError

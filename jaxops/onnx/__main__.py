@@ -17,6 +17,7 @@ from onnx import helper
 from jaxops.onnx.errors import OnnxImportError
 from jaxops.onnx.loader import read_model
 from jaxops.onnx.program import is_trainable, subgraphs
+from jaxops.onnx.registry import canonical_domain
 
 
 def _type_text(t: onnx.TypeProto) -> str:
@@ -38,7 +39,7 @@ def _type_text(t: onnx.TypeProto) -> str:
 
 def _census(graph, opsets, counts):
     for node in graph.node:
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        domain = canonical_domain(node.domain)
         counts[(domain, node.op_type, opsets.get(domain, 1))] += 1
         for g in subgraphs(node):
             _census(g, opsets, counts)
@@ -52,9 +53,8 @@ def inspect(path: str, out=sys.stdout) -> int:
     except OnnxImportError as e:
         print(f"error: {e}", file=out)
         return 1
-    opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version
-              for o in model.opset_import}
-    functions = {("" if f.domain in ("", "ai.onnx") else f.domain, f.name) for f in model.functions}
+    opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
+    functions = {(canonical_domain(f.domain), f.name) for f in model.functions}
     counts = collections.Counter()
     _census(model.graph, opsets, counts)
     print(f"model {path}: ir_version {model.ir_version}, producer "

@@ -58,6 +58,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from jaxops.onnx import checkpoint as ckpt_format
+from jaxops.onnx.registry import canonical_domain
 
 # Written into a training/eval model whose loss is a JAX callable (the model holds only the
 # forward graph): Module refuses to train such a model without a `loss_fn`.
@@ -278,7 +279,7 @@ def _batch_norm_mode(graph: onnx.GraphProto, training_mode: int) -> None:
     does not update them either). Before opset 14 the attribute is outside the ONNX spec, but
     the importer reads it the same way."""
     for n in graph.node:
-        if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx"):
+        if n.op_type == "BatchNormalization" and not canonical_domain(n.domain):
             for a in n.attribute:
                 if a.name == "training_mode":
                     a.i = training_mode
@@ -375,7 +376,7 @@ def generate_artifacts(
     proto = onnx.ModelProto()
     proto.CopyFrom(read_model(model))
     graph = proto.graph
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = next((o.version for o in proto.opset_import if not canonical_domain(o.domain)), 0)
     requires_grad = _names_list(requires_grad, "requires_grad")
     frozen = _names_list(frozen_params, "frozen_params") or []
     if batch_norm not in ("batch", "running"):

@@ -2,5 +2,7 @@
 
 
 class OnnxImportError(ValueError):
-    """A model that cannot be imported or run: malformed, unsupported, unsafe, or a node whose
-    inputs do not fit it. The message names the node (and its op) where there is one."""
+    """A model that cannot be imported (malformed, unsupported, unsafe), or a node that the
+    importer's own checks refuse while running (a value it must know without the data, one
+    over the memory budget). The message names the node (and its op) where there is one.
+    Other errors of a node's handler keep their type and gain a note naming the node."""

@@ -11,6 +11,10 @@ the host, whatever its domain (`jax.ensure_compile_time_eval`, 64-bit types on, 
 turned into numpy), so the shape arithmetic of real exports (ORT rewrites their Concats into
 com.microsoft.ConcatTraining) stays static under `jax.jit`. The model's inputs and params are
 data even when they are concrete arrays.
+
+A call's state is explicit: one `_Call` (the in-place updates that nodes declare, the sizes
+that the inputs bind symbolic dims to), shared by the graphs it runs, and one `_Scope` per run
+of a graph (its values over the enclosing graphs', its names known on the host).
 """
 from __future__ import annotations
 
@@ -25,23 +29,16 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from jaxops.onnx import registry, signature
+from jaxops.onnx import functions, registry, signature
 from jaxops.onnx.errors import OnnxImportError
+from jaxops.onnx.registry import canonical_domain
 
 _A = onnx.AttributeProto
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 _PYTHON_OPS = ("PythonOp", "PythonOpGrad")
-_UPDATES = object()  # the env key (never an ONNX name) of the in-place updates of one call
-_HOST = object()  # the env key of the names, in this graph's scope, known on the host
-_DIMS = object()  # the env key of the symbolic dims of the model's inputs, bound by the call
 # Nodes that act across devices or outside the graph: never run on the host, whatever their inputs.
 _NEVER_ON_HOST = frozenset(("com.microsoft", op) for op in (
     "Send", "Recv", "NcclAllReduce", "NcclAllGather", "NcclReduceScatter", "AdasumAllReduce",
     "MegatronF", "MegatronG", "RecordEvent", "WaitEvent", "YieldOp", "PythonOp", "PythonOpGrad"))
-
-
-def _domain(domain: str) -> str:
-    return "" if domain in _DEFAULT_DOMAINS else domain
 
 
 def is_trainable(dtype) -> bool:
@@ -51,7 +48,7 @@ def is_trainable(dtype) -> bool:
 
 def node_label(node) -> str:
     name = f"{node.name!r} " if node.name else ""
-    dom = f"{node.domain}." if _domain(node.domain) else ""
+    dom = f"{node.domain}." if canonical_domain(node.domain) else ""
     return f"node {name}({dom}{node.op_type})"
 
 
@@ -193,7 +190,7 @@ class _Step:
         self.label = node_label(node)
         # every value the node reads: its inputs and what its subgraphs take from outside
         self.reads = [n for n in inputs if n] + sorted(_free_names(node), key=repr)
-        self.may_run_on_host = (_domain(node.domain), node.op_type) not in _NEVER_ON_HOST
+        self.may_run_on_host = (canonical_domain(node.domain), node.op_type) not in _NEVER_ON_HOST
 
 
 class _Plan:
@@ -209,14 +206,47 @@ class _Plan:
         self.output_names = output_names
 
 
+class _Call:
+    """The state of one call of the program, shared by the graphs it runs (the main graph and
+    its subgraphs; a function body gets one of its own): the new values of the inputs that
+    nodes update in place (None: not collected), and the sizes that the model's inputs bind
+    their symbolic dims to."""
+
+    __slots__ = ("updates", "dims")
+
+    def __init__(self, updates: dict | None = None, dims: dict | None = None):
+        self.updates = updates
+        self.dims = {} if dims is None else dims
+
+
+class _Scope:
+    """The values of one run of a graph, over those of the enclosing graphs (a subgraph reads
+    them), and which of its own names are known on the host (see the module)."""
+
+    def __init__(self, plan: _Plan, call: _Call, outer: _Scope | None = None):
+        self.plan = plan
+        self.call = call
+        self.outer = outer
+        self.values = {} if outer is None else collections.ChainMap({}, outer.values)
+        self.host: set = set()
+
+    def on_host(self, name: str) -> bool:
+        """Whether `name` (absent: '') is known on the host here or in an enclosing scope."""
+        scope = self if name else None
+        while scope is not None:
+            if name in scope.host:
+                return True
+            scope = scope.outer
+        return not name
+
+
 class NodeContext:
     """What a handler sees of the importer: the node, its opsets, static values, subgraphs."""
 
-    def __init__(self, program: "Program", step: _Step, env, plan: _Plan | None = None):
+    def __init__(self, program: "Program", step: _Step, scope: _Scope):
         self._program = program
         self._step = step
-        self._env = env
-        self._plan = plan
+        self._scope = scope
 
     @property
     def node(self):
@@ -237,7 +267,7 @@ class NodeContext:
 
     def opset(self, domain: str = "") -> int:
         """The model's opset version for `domain` (0 when the model does not import it)."""
-        return self._step.opsets.get(_domain(domain), 0)
+        return self._step.opsets.get(canonical_domain(domain), 0)
 
     def error(self, message: str) -> OnnxImportError:
         """An import error naming this node: `raise ctx.error("...")`."""
@@ -271,35 +301,55 @@ class NodeContext:
         inference finds), its symbolic dims bound to the sizes of this call's inputs; None
         where it is not declared or a dim stays unknown."""
         name = self._step.outputs[i] if i < len(self._step.outputs) else ""
-        return self._program.declared_shape(name, self._env.get(_DIMS, {})) if name else None
+        return self._program.declared_shape(name, self._scope.call.dims) if name else None
 
     def shape_of(self, name: str) -> tuple[int, ...] | None:
         """The shape of the value called `name` in this call (None where there is none yet)."""
-        value = self._env.get(name) if name else None
+        value = self._scope.values.get(name) if name else None
         return None if value is None or isinstance(value, list) else tuple(np.shape(value))
 
     def producer(self, name: str):
         """The NodeProto of this graph that computes `name`, or None."""
-        return self._plan.producers.get(name) if self._plan is not None and name else None
+        return self._scope.plan.producers.get(name) if name else None
 
     def update(self, i: int, value) -> None:
         """Declares that this node updates its input `i` in place (ORT's optimizers and
         gradient accumulators do); `Program.run_with_updates` returns the new value under the
         input's name."""
-        updates = self._env.get(_UPDATES)
+        updates = self._scope.call.updates
         if updates is not None and i < len(self._step.inputs) and self._step.inputs[i]:
             updates[self._step.inputs[i]] = value
 
     def run_graph(self, graph, *inputs):
         """Runs a subgraph (an attribute of this node) on `inputs`, with the values of the
         enclosing graphs in scope; returns the list of its outputs."""
-        plan = self._program._plans.get(id(graph))
+        program, scope = self._program, self._scope
+        plan = program._plans.get(id(graph))
         if plan is None:  # a graph the handler built itself
-            plan = self._program.plan_late(graph, frozenset(self._env), self._step.opsets,
-                                           self._step.label)
+            plan = program._plan_late(graph, frozenset(scope.values), self._step.opsets,
+                                      self._step.label)
         # the handler made static (numpy) what it knows on the host: a loop's counter, ...
-        return self._program._run(plan, inputs, {}, self._env,
-                                  host_inputs=[_is_host_value(x) for x in inputs])
+        return program._run(plan, inputs, scope.call, scope,
+                            host_inputs=[_is_host_value(x) for x in inputs])
+
+    def run_function(self, function: onnx.FunctionProto, inputs, defaults: dict | None = None):
+        """Runs `function` as this node's expansion and returns the list of its outputs: its
+        body with attribute references bound to this node's attributes (else to `defaults`,
+        name -> AttributeProto), in this node's opsets overridden by those the function
+        imports, each input known on the host where this node's is. The body is checked once
+        per node and function (an op it lacks is an OnnxImportError naming this node) and
+        runs on its own: no values of enclosing graphs, no in-place updates. Model functions
+        and the schema's function bodies run through this (`jaxops.onnx.resolve`)."""
+        program, step = self._program, self._step
+        key = (id(step), function.SerializeToString())
+        plan = program._expansions.get(key)
+        if plan is None:
+            graph = functions.body_graph(function, step.node, defaults or {})
+            plan = program._plan_late(graph, frozenset(),
+                                      functions.body_opsets(function, step.opsets),
+                                      step.label, function=True)
+            program._expansions[key] = plan
+        return program._run(plan, inputs, _Call(), host_inputs=self.inputs_on_host())
 
     def check_size(self, shape, dtype, what: str = "output") -> None:
         """Refuses, naming the node, a value of `shape` and `dtype` above the program's memory
@@ -310,13 +360,15 @@ class NodeContext:
 
     def inputs_on_host(self) -> list[bool]:
         """For each input of this node, whether it is known on the host (see the module)."""
-        return [_on_host(self._env, n) for n in self._step.inputs]
+        return [self._scope.on_host(n) for n in self._step.inputs]
 
 
 class Program:
     """A loaded ONNX model. Call `program(params, *inputs)` or `program(params, **inputs)`:
     one output is returned as is, several as a tuple in the graph's order. Pure: usable under
-    `jax.jit`, `jax.grad` (w.r.t. params and float inputs) and `jax.vmap`."""
+    `jax.jit`, `jax.grad` (w.r.t. params and float inputs) and `jax.vmap`. A node's handler
+    that fails raises its own exception, with a note naming the node; the importer's own
+    refusals are OnnxImportErrors (docs/onnx-importer.md, Errors)."""
 
     def __init__(self, model, *, python_ops: dict[str, Callable] | None = None, constants=(),
                  max_bytes: int | None = None):
@@ -329,19 +381,19 @@ class Program:
         self._types = None
         self.opsets = {}
         for o in model.opset_import:
-            self.opsets[_domain(o.domain)] = int(o.version)
-        self.functions = {(_domain(f.domain), f.name): f for f in model.functions}
+            self.opsets[canonical_domain(o.domain)] = int(o.version)
+        self.functions = {(canonical_domain(f.domain), f.name): f for f in model.functions}
         self.python_ops = dict(python_ops or {})
         self._static_names = set(constants)
         # input axes whose sizes calls do not check against the declared dims: a data-parallel
         # step runs the graph on any batch that splits over its devices
         self.free_axes: tuple[int, ...] = ()
         self._plans: dict[int, _Plan] = {}
-        self.expansions: dict[tuple, _Plan] = {}  # function bodies, expanded when first run
+        self._expansions: dict[tuple, _Plan] = {}  # function bodies, expanded when first run
         self._missing: set[tuple[str, str, int]] = set()
         self._refused: list[str] = []
         try:
-            from jaxops.onnx.ops.p2p import pair_transfers  # Send/Recv run as pairs
+            from jaxops.onnx.handlers.p2p import pair_transfers  # Send/Recv run as pairs
 
             self._main = self._plan(pair_transfers(model.graph), frozenset(), self.opsets,
                                     top=True)
@@ -443,9 +495,8 @@ class Program:
             raise OnnxImportError(f"params lacks initializer(s) {sorted(absent)}")
         inputs = [given[n] for n in names]
         self._dry_run(params, inputs, dims)
-        updates = {}
-        outputs = self._run(self._main, inputs, params, None, updates, dims=dims)
-        return outputs, updates
+        call = _Call({}, dims)
+        return self._run(self._main, inputs, call, params=params), call.updates
 
     def _dry_run(self, params, inputs, dims):
         """Called eagerly (no tracer among params and inputs), every jax operation would
@@ -461,7 +512,7 @@ class Program:
         if key in self._dry_runs:
             return
         try:
-            jax.eval_shape(lambda p, xs: self._run(self._main, xs, p, None, {}, dims=dims),
+            jax.eval_shape(lambda p, xs: self._run(self._main, xs, _Call({}, dims), params=p),
                            params, inputs)
         except OnnxImportError as e:
             if getattr(e, "over_budget", False):
@@ -471,32 +522,31 @@ class Program:
         if len(self._dry_runs) < 64:
             self._dry_runs.add(key)
 
-    def _run(self, plan: _Plan, inputs, params, outer, updates=None, host_inputs=(),
-             dims=None):
+    def _run(self, plan: _Plan, inputs, call: _Call, outer: _Scope | None = None, *,
+             params=None, host_inputs=()):
         """Runs `plan` on `inputs` (the model's are data; a subgraph's or function's are known
-        on the host where `host_inputs` says so) with the values of `outer` in scope."""
+        on the host where `host_inputs` says so) for `call`, in the scope of `outer`."""
         if len(inputs) > len(plan.input_names):
             raise OnnxImportError(f"graph {plan.graph.name!r} takes {len(plan.input_names)} "
                                   f"inputs, got {len(inputs)}")
-        env = collections.ChainMap({}, outer) if outer is not None else {}
-        if updates is not None:
-            env[_UPDATES] = updates
-        if dims is not None:
-            env[_DIMS] = dims
-        env.update(plan.constants)
-        env.update(params)
+        scope = _Scope(plan, call, outer)
+        values = scope.values
+        values.update(plan.constants)
+        values.update(params or {})
         # inputs left out (a function's optional ones, a malformed loop body's) are None
-        env.update(zip(plan.input_names, list(inputs) + [None] * len(plan.input_names)))
-        env[_HOST] = set(plan.constants) | {n for n, h in zip(plan.input_names, host_inputs) if h}
+        values.update(zip(plan.input_names, list(inputs) + [None] * len(plan.input_names)))
+        scope.host.update(plan.constants)
+        scope.host.update(n for n, h in zip(plan.input_names, host_inputs) if h)
         for step in plan.steps:
-            self._run_step(step, env, plan)
-        return [env[n] for n in plan.output_names]
+            self._run_step(step, scope)
+        return [values[n] for n in plan.output_names]
 
-    def _run_step(self, step: _Step, env, plan: _Plan):
-        ctx = NodeContext(self, step, env, plan)
-        on_host = step.may_run_on_host and all(_on_host(env, n) for n in step.reads)
+    def _run_step(self, step: _Step, scope: _Scope):
+        ctx = NodeContext(self, step, scope)
+        values = scope.values
+        on_host = step.may_run_on_host and all(scope.on_host(n) for n in step.reads)
         try:
-            args = [env[n] if n else None for n in step.inputs]
+            args = [values[n] if n else None for n in step.inputs]
             if on_host:
                 _check_broadcast(ctx, args)
                 with jax.ensure_compile_time_eval(), jax.enable_x64(True):
@@ -504,27 +554,29 @@ class Program:
             else:
                 out = step.fn(ctx, *args, **step.attrs)
         except OnnxImportError:
-            raise
+            raise  # names its node already
         except RecursionError:
             raise OnnxImportError(f"{step.label}: subgraphs nest too deeply") from None
-        except Exception as e:  # noqa: BLE001 - every handler failure names its node
-            raise OnnxImportError(f"{step.label}: {type(e).__name__}: {e}") from e
+        except Exception as e:
+            # the error keeps its type (what a caller catches); the note names the node, for
+            # each graph that the error passes through
+            e.add_note(f"(while running {step.label})")
+            raise
         if not isinstance(out, tuple):
             out = (out,)
         for i, value in enumerate(out):  # abstract under jit: checked before XLA allocates
             _check_value(ctx, value, f"output {i}")
-        host = env[_HOST]
         for i, name in enumerate(step.outputs):
             if not name:
                 continue
             if i >= len(out):
                 raise OnnxImportError(f"{step.label}: output {i} ({name!r}) is used but the "
                                       f"handler gives only {len(out)} output(s)")
-            env[name] = out[i]
+            values[name] = out[i]
             # a host value also where the handler read only the shapes of data (Shape, Size)
             if on_host or (_is_host_value(out[i]) and not any(
-                    _is_host_value(env[n]) for n in step.reads if n and not _on_host(env, n))):
-                host.add(name)
+                    _is_host_value(values[n]) for n in step.reads if not scope.on_host(n))):
+                scope.host.add(name)
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -537,7 +589,7 @@ class Program:
             self._plans[id(graph)] = plan
         return plan
 
-    def plan_late(self, graph, outer: frozenset, opsets: dict, label: str,
+    def _plan_late(self, graph, outer: frozenset, opsets: dict, label: str,
                   function: bool = False) -> _Plan:
         """Checks a graph met only while running (a function body, a handler's own graph).
         A function's outputs that its body does not compute (unused optional ones) are None."""
@@ -676,7 +728,7 @@ class Program:
     def _resolve(self, node, label, opsets) -> Callable:
         from jaxops.onnx import resolve  # the op tables import handler modules: import late
 
-        domain = _domain(node.domain)
+        domain = canonical_domain(node.domain)
         if node.op_type in _PYTHON_OPS and domain == "com.microsoft":
             fn = resolve.python_op(node, self.python_ops)
             if fn is None:
@@ -700,14 +752,6 @@ class Program:
 
 def _is_host_value(x) -> bool:
     return isinstance(x, (np.ndarray, np.generic, int, float, bool, str, bytes))
-
-
-def _on_host(env, name: str) -> bool:
-    """Whether `name` (absent: '') is known on the host in `env`'s scope or an outer one."""
-    if not name:
-        return True
-    maps = env.maps if isinstance(env, collections.ChainMap) else [env]
-    return any(name in m.get(_HOST, ()) for m in maps)
 
 
 def _value_bytes(value) -> tuple[tuple, Any]:

@@ -24,11 +24,14 @@ from typing import Callable
 # (domain, op_type) -> sorted [(since_version, handler)]
 _HANDLERS: dict[tuple[str, str], list[tuple[int, Callable]]] = {}
 
-ONNX_DOMAINS = ("", "ai.onnx")  # both spellings of the default domain
+
+def canonical_domain(domain: str) -> str:
+    """A domain's one spelling: ONNX's default domain is "" (a model may write "ai.onnx")."""
+    return "" if domain in ("", "ai.onnx") else domain
 
 
 def _key(domain: str, op_type: str) -> tuple[str, str]:
-    return ("" if domain in ONNX_DOMAINS else domain, op_type)
+    return (canonical_domain(domain), op_type)
 
 
 def handler(op_type: str, since: int = 1, domain: str = ""):

@@ -11,10 +11,11 @@ import onnx
 import onnx.defs
 from onnx import helper
 
-import jaxops.onnx.ops  # noqa: F401 - registers every handler module
-from jaxops.onnx import registry
+import jaxops.onnx.handlers  # noqa: F401 - registers every handler module
+from jaxops.onnx import functions, registry
 from jaxops.onnx.errors import OnnxImportError
-from jaxops.onnx.ops import com_microsoft
+from jaxops.onnx.handlers import com_microsoft
+from jaxops.onnx.registry import canonical_domain
 
 _A = onnx.AttributeProto
 
@@ -22,7 +23,7 @@ _A = onnx.AttributeProto
 def find(domain: str, op_type: str, version: int, program) -> Callable | None:
     f = program.functions.get((domain, op_type))
     if f is not None:
-        return _model_function(f, program)
+        return _model_function(f)
     fn = registry.lookup(domain, op_type, version)
     if fn is None:
         fn = com_microsoft.ort_handler(domain, op_type)
@@ -62,9 +63,8 @@ def function_body(node, version: int, program, opsets: dict):
     """(graph, opsets) of the body that a node without a handler expands to, where that is
     known before the input types are (model functions, plain schema functions); else None.
     Loading plans it, so that ops missing from the body are reported with the rest."""
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    domain = canonical_domain(node.domain)
     f = program.functions.get((domain, node.op_type))
-    defaults, body_opsets = {}, dict(opsets)
     if f is None:
         if registry.lookup(domain, node.op_type, version) or \
                 com_microsoft.ort_handler(domain, node.op_type):
@@ -79,23 +79,23 @@ def function_body(node, version: int, program, opsets: dict):
             return None
         f = onnx.FunctionProto()
         f.ParseFromString(schema.get_function_with_opset_version(max(plain)))
-        defaults = {n: a.default_value for n, a in schema.attributes.items()
-                    if a.default_value.type != _A.UNDEFINED}
+        defaults = _schema_defaults(schema)
     else:
         defaults = {a.name: a for a in f.attribute_proto}
-    body_opsets.update({("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
-                        for o in f.opset_import})
-    return _body_graph(f, node, defaults), body_opsets
+    return functions.body_graph(f, node, defaults), functions.body_opsets(f, opsets)
 
 
-def _model_function(f: onnx.FunctionProto, program) -> Callable:
+def _schema_defaults(schema) -> dict:
+    """Attributes the caller leaves out take the schema's defaults inside the body too."""
+    return {name: a.default_value for name, a in schema.attributes.items()
+            if a.default_value.type != _A.UNDEFINED}
+
+
+def _model_function(f: onnx.FunctionProto) -> Callable:
     defaults = {a.name: a for a in f.attribute_proto}
-    opsets = dict(program.opsets)
-    opsets.update({("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
-                   for o in f.opset_import})
 
     def run(ctx, *inputs, **attrs):
-        return _run_function(ctx, f, defaults, opsets, inputs, key=("model", id(f)))
+        return tuple(ctx.run_function(f, inputs, defaults))
     return run
 
 
@@ -108,85 +108,21 @@ def _schema_function(domain: str, op_type: str, version: int) -> Callable | None
     context = [v for v in schema.context_dependent_function_opset_versions if v <= version]
     if not plain and not context:
         return None
-    # attributes the caller leaves out take the schema's defaults inside the body too
-    defaults = {name: a.default_value for name, a in schema.attributes.items()
-                if a.default_value.type != _A.UNDEFINED}
+    defaults = _schema_defaults(schema)
 
     def run(ctx, *inputs, **attrs):
-        node_bytes = ctx.node.SerializeToString()
         if context:
             types = [_type_of(x).SerializeToString() for x in inputs]
-            v = max(context)
-            body = schema.get_context_dependent_function_with_opset_version(v, node_bytes, types)
-            key = ("schema", domain, op_type, v, tuple(types))
+            body = schema.get_context_dependent_function_with_opset_version(
+                max(context), ctx.node.SerializeToString(), types)
         else:
-            v = max(plain)
-            body = schema.get_function_with_opset_version(v)
-            key = ("schema", domain, op_type, v)
+            body = schema.get_function_with_opset_version(max(plain))
         f = onnx.FunctionProto()
         f.ParseFromString(body)
         if not f.node:
             raise ctx.error("the ONNX schema gives no function body for these inputs")
-        # a body that leaves out its opsets uses the caller's
-        opsets = dict(ctx._step.opsets)
-        opsets.update({("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
-                       for o in f.opset_import})
-        return _run_function(ctx, f, defaults, opsets, inputs, key=key)
+        return tuple(ctx.run_function(f, inputs, defaults))
     return run
-
-
-def _run_function(ctx, f, defaults, opsets, inputs, key):
-    program, step = ctx._program, ctx._step
-    key = key + (id(step),)
-    plan = program.expansions.get(key)
-    if plan is None:
-        graph = _body_graph(f, ctx.node, defaults)
-        plan = program.plan_late(graph, frozenset(), opsets, step.label, function=True)
-        program.expansions[key] = plan
-    outs = program._run(plan, inputs, {}, None, host_inputs=ctx.inputs_on_host())
-    return tuple(outs) if len(outs) > 1 else outs[0]
-
-
-def _body_graph(f, caller, defaults) -> onnx.GraphProto:
-    nodes = [_bind_attrs(n, caller, defaults) for n in f.node]
-    return helper.make_graph(nodes, f"{f.name}_expanded",
-                             [helper.make_empty_tensor_value_info(n) for n in f.input],
-                             [helper.make_empty_tensor_value_info(n) for n in f.output])
-
-
-def _bind_attrs(node, caller, defaults):
-    """A copy of a function-body node with attribute references replaced by the caller's
-    attributes (or the function's defaults); unset references are dropped."""
-    given = {a.name: a for a in caller.attribute}
-    out = onnx.NodeProto()
-    out.CopyFrom(node)
-    del out.attribute[:]
-    for a in node.attribute:
-        if a.ref_attr_name:
-            src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
-            if src is None:
-                continue
-            b = onnx.AttributeProto()
-            b.CopyFrom(src)
-            b.name = a.name
-        else:
-            b = onnx.AttributeProto()
-            b.CopyFrom(a)
-            if b.type == _A.GRAPH:
-                _bind_graph(b.g, given, defaults)
-            elif b.type == _A.GRAPHS:
-                for g in b.graphs:
-                    _bind_graph(g, given, defaults)
-        out.attribute.append(b)
-    return out
-
-
-def _bind_graph(g, given, defaults):
-    caller = onnx.NodeProto()
-    caller.attribute.extend(given.values())
-    bound = [_bind_attrs(n, caller, defaults) for n in g.node]
-    del g.node[:]
-    g.node.extend(bound)
 
 
 def _type_of(x) -> onnx.TypeProto:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxops._src import geometry
 from jaxops._src.compat import mark_varying, varying_axes
 from jaxops.ops import _validate as v
 
@@ -72,27 +73,12 @@ class _Attrs:
                 not transpose and W.shape[0] % self.group):
             v.fail(op, ValueError, f"channels do not match: X {X.shape}, W {W.shape}, "
                                    f"group {self.group}")
-        self.effective = tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+        self.effective = tuple(geometry.windows(self.kernel, self.dilations))
 
     def conv_padding(self, spatial):
         """(begin, end) padding of each spatial dim of a Conv over `spatial`."""
-        if self.auto_pad == "VALID":
-            return [(0, 0)] * self.n
-        if self.auto_pad == "NOTSET":
-            return list(zip(self.pads[:self.n], self.pads[self.n:]))
-        return same_padding(self.auto_pad, spatial, self.strides, self.effective)
-
-
-def same_padding(auto_pad, spatial, strides, windows):
-    """auto_pad SAME_UPPER/SAME_LOWER: (begin, end) per spatial dim so that ceil(size / stride)
-    windows fit; the odd pixel goes at the end (UPPER) or the start (LOWER). Shared by Conv
-    and the pools."""
-    out = []
-    for size, s, e in zip(spatial, strides, windows):
-        total = max(0, (-(-size // s) - 1) * s + e - size)
-        small, large = total // 2, total - total // 2
-        out.append((small, large) if auto_pad == "SAME_UPPER" else (large, small))
-    return out
+        return geometry.padding(self.auto_pad, spatial, self.kernel, self.strides,
+                                self.dilations, self.pads)
 
 
 def _dimension_numbers(n):
@@ -174,10 +160,7 @@ def conv_grad(dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
 def _transpose_padding(op, attrs, spatial, output_padding, output_shape):
     """ConvTranspose's (begin, end) crop of the full output, and the output padding, per dim.
 
-    Full output size: stride * (in - 1) + output_padding + effective_kernel. With output_shape
-    (or auto_pad SAME_*, whose output is in * stride) the total crop follows from the wanted
-    size and is split as ORT 1.19.2 splits it: SAME_UPPER crops the odd pixel at the end,
-    NOTSET/SAME_LOWER at the start. An output_shape beyond the full size zero-fills the end."""
+    See geometry.conv_transpose_crops (ORT 1.19.2 splits the crop that way)."""
     n = attrs.n
     adj = _ints(op, "output_padding", output_padding, n, 0)
     if any(a < 0 or (a >= s and a >= d) for a, s, d in zip(adj, attrs.strides, attrs.dilations)):
@@ -186,21 +169,8 @@ def _transpose_padding(op, attrs, spatial, output_padding, output_shape):
         output_shape = tuple(v.integer(op, "output_shape", i) for i in output_shape)[-n:]
         if len(output_shape) != n:
             v.fail(op, ValueError, f"output_shape must give {n} spatial sizes")
-    elif attrs.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        output_shape = tuple(i * s for i, s in zip(spatial, attrs.strides))
-    crops = []
-    for i in range(n):
-        full = attrs.strides[i] * (spatial[i] - 1) + adj[i] + attrs.effective[i]
-        if output_shape is None:
-            if attrs.auto_pad == "VALID":
-                crops.append((0, 0))
-            else:
-                crops.append((attrs.pads[i], attrs.pads[n + i]))
-            continue
-        total = full - output_shape[i]
-        crop = max(total, 0)  # a larger output_shape: ORT zero-fills the end
-        begin = crop // 2 if attrs.auto_pad == "SAME_UPPER" else crop - crop // 2
-        crops.append((begin, total - begin))
+    crops = geometry.conv_transpose_crops(attrs.auto_pad, spatial, attrs.strides,
+                                          attrs.effective, adj, attrs.pads, output_shape)
     return crops, adj
 
 

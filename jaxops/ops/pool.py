@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxops._src import geometry
 from jaxops.ops import _validate as v
-from jaxops.ops.conv import same_padding
 
 _MAX_POOL_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
                    "storage_order", "strides")
@@ -51,20 +51,14 @@ def _pool_pads(op, x_shape, dy_shape, kernel, strides, pads, auto_pad, ceil_mode
     exactly dY's spatial size (ceil_mode's partial last window)."""
     spatial = x_shape[2:]
     n = len(spatial)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pairs = same_padding(auto_pad, spatial, strides, kernel)
-    elif auto_pad in ("NOTSET", "VALID"):
-        p = [0] * (2 * n) if auto_pad == "VALID" or pads is None else list(pads)
-        if len(p) != 2 * n:
-            v.fail(op, ValueError, f"pads must hold 2 x {n} values, got {p}")
-        pairs = list(zip(p[:n], p[n:]))
-    else:
+    if auto_pad not in ("NOTSET", "VALID") + geometry.SAME:
         v.fail(op, ValueError, f"unknown auto_pad {auto_pad!r}")
+    if auto_pad == "NOTSET" and pads is not None and len(pads) != 2 * n:
+        v.fail(op, ValueError, f"pads must hold 2 x {n} values, got {list(pads)}")
+    pairs = geometry.padding(auto_pad, spatial, kernel, strides, [1] * n, pads)
     out = []
     for size, k, st, (b, e), got in zip(spatial, kernel, strides, pairs, dy_shape[2:]):
-        span = size + b + e - k
-        want = (-(-span // st) if ceil_mode else span // st) + 1
-        if want != got:
+        if geometry.pool_output_size(size, k, st, b, e, ceil_mode) != got:
             v.fail(op, ValueError, f"dY's spatial shape {tuple(dy_shape[2:])} does not match "
                                    f"the pooling of x_shape {tuple(x_shape)}")
         out.append((b, e, max(0, (got - 1) * st + k - (size + b + e))))

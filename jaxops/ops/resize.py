@@ -15,6 +15,7 @@ kernel accumulates atomically in the data type).
 """
 import jax.numpy as jnp
 
+from jaxops._src import geometry
 from jaxops.ops import _validate as v
 
 _MODES = ("half_pixel", "align_corners")
@@ -29,12 +30,11 @@ def source_taps(in_size, out_size, align_corners, scale=None):
     (f32), for one spatial dim. `scale` (half_pixel only) may be a traced scalar."""
     dst = jnp.arange(out_size, dtype=jnp.float32)
     if align_corners:
-        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
-        src = dst * jnp.float32(ratio)
+        src = geometry.resize_source("align_corners", dst, None, in_size, out_size)
     else:
-        ratio = (jnp.float32(in_size) / jnp.float32(out_size) if scale is None
-                 else 1 / scale.astype(jnp.float32))
-        src = jnp.maximum(ratio * (dst + 0.5) - 0.5, 0.0)
+        scale = out_size / in_size if scale is None else scale.astype(jnp.float32)
+        src = geometry.resize_source("half_pixel", dst, scale, in_size, out_size)
+        src = jnp.maximum(src, 0.0)  # the first half pixel reads pixel 0 alone
     lo = jnp.minimum(src.astype(jnp.int32), in_size - 1)
     hi = jnp.where(lo < in_size - 1, lo + 1, lo)
     frac = src - lo

@@ -6,27 +6,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxops._src import geometry
+
 from ..registry import handler
-
-
-def same_pads(in_sizes, kernel, strides, dilations, auto_pad):
-    """Explicit (begin, end) pads for SAME_UPPER/SAME_LOWER: output = ceil(in / stride)."""
-    pads = []
-    for n, k, s, d in zip(in_sizes, kernel, strides, dilations):
-        out = -(-n // s)
-        total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
-        small = total // 2
-        pads.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
-    return pads
-
-
-def resolve_pads(in_sizes, kernel, strides, dilations, pads, auto_pad):
-    nd = len(kernel)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        return same_pads(in_sizes, kernel, strides, dilations, auto_pad)
-    if auto_pad == "VALID" or pads is None:
-        return [(0, 0)] * nd
-    return [(pads[i], pads[i + nd]) for i in range(nd)]
 
 
 def _dims(nd):
@@ -43,7 +25,7 @@ def conv(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
     kernel = list(kernel_shape or w.shape[2:])
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
-    padding = resolve_pads(x.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
     y = lax.conv_general_dilated(
         x, w.astype(x.dtype), strides, padding, rhs_dilation=dilations,
         dimension_numbers=_dims(nd), feature_group_count=group)
@@ -61,35 +43,21 @@ def conv_transpose(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, grou
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
     out_pad = list(output_padding or [0] * nd)
-    ins = x.shape[2:]
-    full = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    spans = geometry.windows(kernel, dilations)
     if output_shape is not None:
         output_shape = list(output_shape)[-nd:]
-    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        output_shape = [n * s for n, s in zip(ins, strides)]
-    if output_shape is not None:
-        pad_pairs = []
-        for i in range(nd):
-            # a negative total (output_shape larger than the natural size) extends the end
-            total = strides[i] * (ins[i] - 1) + out_pad[i] + full[i] - output_shape[i]
-            half = int(total / 2)
-            pad_pairs.append((total - half, half) if auto_pad == "SAME_LOWER" else (half, total - half))
-    elif pads is not None and auto_pad == "NOTSET":
-        pad_pairs = [(pads[i], pads[i + nd]) for i in range(nd)]
-    else:
-        pad_pairs = [(0, 0)] * nd
+    crops = geometry.conv_transpose_crops(auto_pad, x.shape[2:], strides, spans, out_pad, pads,
+                                          output_shape)
     # transposed conv = conv of the stride-dilated input with the flipped, in/out-swapped kernel
     cin = w.shape[0]
     cout_g = w.shape[1]
     k = w.reshape((group, cin // group, cout_g) + w.shape[2:])
     k = jnp.swapaxes(k, 1, 2).reshape((group * cout_g, cin // group) + w.shape[2:])
     k = jnp.flip(k, axis=tuple(range(2, 2 + nd)))
-    padding = [(full[i] - 1 - lo, full[i] - 1 - hi + out_pad[i]) for i, (lo, hi) in enumerate(pad_pairs)]
+    padding = [(f - 1 - lo, f - 1 - hi + a) for f, (lo, hi), a in zip(spans, crops, out_pad)]
     y = lax.conv_general_dilated(
         x, k.astype(x.dtype), [1] * nd, padding, lhs_dilation=strides, rhs_dilation=dilations,
         dimension_numbers=_dims(nd), feature_group_count=group)
-    if output_shape is not None:
-        y = y[(slice(None), slice(None)) + tuple(slice(0, s) for s in output_shape)]
     if b is not None:
         y = y + b.reshape((-1,) + (1,) * nd)
     return y
@@ -105,8 +73,8 @@ def _int_conv(x, w, xz, wz, **attrs):
     kernel = list(attrs.get("kernel_shape") or w.shape[2:])
     strides = list(attrs.get("strides") or [1] * nd)
     dilations = list(attrs.get("dilations") or [1] * nd)
-    padding = resolve_pads(x.shape[2:], kernel, strides, dilations, attrs.get("pads"),
-                           attrs.get("auto_pad", "NOTSET"))
+    padding = geometry.padding(attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, strides,
+                               dilations, attrs.get("pads"))
     return lax.conv_general_dilated(
         xi, wi, strides, padding, rhs_dilation=dilations, dimension_numbers=_dims(nd),
         feature_group_count=attrs.get("group", 1), preferred_element_type=jnp.int32)

@@ -29,7 +29,7 @@ import onnx
 from onnx import numpy_helper
 
 from jaxops.onnx.errors import OnnxImportError
-from jaxops.onnx.registry import handler
+from jaxops.onnx.registry import canonical_domain, handler
 
 DOMAIN = "jaxops.internal"
 _MS = ("com.microsoft",)
@@ -77,7 +77,7 @@ def _constants(graph) -> dict:
     """Integer values the graph fixes before any data: initializers and Constant nodes."""
     values = {t.name: t for t in graph.initializer}
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+        if node.op_type == "Constant" and not canonical_domain(node.domain) and node.output:
             for a in node.attribute:
                 if a.name == "value":
                     values[node.output[0]] = a.t

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from jaxops.onnx import registry
-
-_ONNX = ("", "ai.onnx")
+from jaxops.onnx.registry import canonical_domain
 
 # ORT ops that update inputs in place (the graph names only their flag output): input index ->
 # the output index of the new value, as the op's optional outputs give it.
@@ -25,9 +24,10 @@ IN_PLACE = {
 
 
 def _table():
+    """ORT_OPS under canonical domains."""
     from jaxops.ops import ORT_OPS  # late: the op families load jax kernels
 
-    return ORT_OPS
+    return {(canonical_domain(d), op): fn for (d, op), fn in ORT_OPS.items()}
 
 
 def _requested(count):
@@ -109,18 +109,16 @@ def _adapter(fn: Callable, op_type: str = "") -> Callable:
 def ort_handler(domain: str, op_type: str) -> Callable | None:
     """The adapter for ORT_OPS[(domain, op_type)], or None; ONNX-domain entries (e.g.
     SoftmaxCrossEntropyLoss) are consulted only where no ai.onnx handler exists."""
-    table = _table()
-    fn = table.get((domain, op_type))
-    if fn is None and domain in _ONNX:
-        fn = table.get(("" if domain == "ai.onnx" else "ai.onnx", op_type))
+    fn = _TABLE.get((canonical_domain(domain), op_type))
     return _adapter(fn, op_type) if fn is not None else None
 
 
 def ort_keys():
-    return [("" if d in _ONNX else d, op) for d, op in _table()]
+    return list(_TABLE)
 
 
 # Every other domain registers through the registry, so the census and `registered()` list it.
-for (_domain, _op), _fn in sorted(_table().items()):
-    if _domain not in _ONNX:
+_TABLE = _table()
+for (_domain, _op), _fn in sorted(_TABLE.items()):
+    if _domain:
         registry.handler(_op, since=1, domain=_domain)(_adapter(_fn, _op))

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import jax.numpy as jnp
 
+from jaxops._src import geometry
+
 from ..registry import handler
-from .conv import resolve_pads
 
 
 def _windows(in_sizes, kernel, strides, dilations, pads, ceil_mode):
@@ -16,13 +17,7 @@ def _windows(in_sizes, kernel, strides, dilations, pads, ceil_mode):
     the output spatial shape."""
     axes_pos, out_shape = [], []
     for n, k, s, d, (pb, pe) in zip(in_sizes, kernel, strides, dilations, pads):
-        span = (k - 1) * d + 1
-        if ceil_mode:
-            out = -(-(n + pb + pe - span) // s) + 1
-            if (out - 1) * s >= n + pb:  # a window must start inside the input or left pad
-                out -= 1
-        else:
-            out = (n + pb + pe - span) // s + 1
+        out = geometry.pool_output_size(n, (k - 1) * d + 1, s, pb, pe, ceil_mode)
         pos = (np.arange(out) * s)[:, None] + (np.arange(k) * d)[None, :] - pb  # [out, k]
         pad_hi = n + pe  # positions past the explicit end pad come from ceil_mode: never counted
         axes_pos.append((pos, n, pos < pad_hi))
@@ -48,7 +43,7 @@ def _setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     kernel = list(kernel_shape)
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
-    padding = resolve_pads(x.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
     idx, in_pad, out_shape = _windows(x.shape[2:], kernel, strides, dilations, padding, ceil_mode)
     in_pad = np.broadcast_to(in_pad, idx.shape)
     patches = x.reshape(x.shape[:2] + (-1,))[..., np.maximum(idx, 0)]  # [N, C, O, K]

@@ -10,6 +10,8 @@ import itertools
 import numpy as np
 import jax.numpy as jnp
 
+from jaxops._src import geometry
+
 from ..registry import handler
 from ._util import norm_axis
 
@@ -17,27 +19,9 @@ from ._util import norm_axis
 def _source_coords(mode, out_n, in_n, scale, roi):
     """Source coordinate of every output index along one axis (float64), and for
     tf_crop_and_resize the mask of positions outside the input."""
-    y = np.arange(out_n, dtype=np.float64)
-    length = scale * in_n
-    outside = None
-    if mode == "align_corners":
-        x = np.zeros(out_n) if length == 1 else y * (in_n - 1) / (length - 1)
-    elif mode == "asymmetric":
-        x = y / scale
-    elif mode == "tf_crop_and_resize":
-        lo, hi = roi
-        x = (np.full(out_n, (hi - lo) * (in_n - 1) / 2) if length == 1
-             else y * (hi - lo) * (in_n - 1) / (length - 1)) + lo * (in_n - 1)
-        outside = (x < 0) | (x > in_n - 1)
-    elif mode == "pytorch_half_pixel":
-        x = np.full(out_n, -0.5) if length == 1 else (y + 0.5) / scale - 0.5
-    elif mode == "half_pixel":
-        x = (y + 0.5) / scale - 0.5
-    elif mode == "half_pixel_symmetric":
-        offset = in_n / 2 * (1 - out_n / length)
-        x = offset + (y + 0.5) / scale - 0.5
-    else:
-        raise ValueError(f"Resize: unknown coordinate_transformation_mode {mode!r}")
+    x = geometry.resize_source(mode, np.arange(out_n, dtype=np.float64), scale, in_n,
+                               scale * in_n, roi)
+    outside = (x < 0) | (x > in_n - 1) if mode == "tf_crop_and_resize" else None
     return x, outside
 
 

@@ -37,9 +37,13 @@ def test_conv_grad_matches_onnxruntime(rng, xs, ws, attrs, dtype):
     dy = rng.standard_normal(y.shape).astype(dtype)
     expected = ort_oracle.run_node("ConvGrad", [dy, x, w], out_dtypes=[dtype] * 3, **attrs)
     got = ops.conv_grad(jnp.asarray(dy), jnp.asarray(x), jnp.asarray(w), **attrs)
-    for g, e in zip(got, expected):
+    # dB sums dY over batch and space: its terms set the scale where the sum cancels (seed
+    # 1362817864: dB 0.10 from ~40 terms of ~1, both ORT and jaxops 4-7e-7 off float64)
+    bias_scale = np.abs(dy.astype(np.float64)).sum(axis=(0, *range(2, dy.ndim)))
+    for g, e, scale in zip(got, expected, (None, None, bias_scale)):
         assert g.dtype == dtype and g.shape == e.shape
-        assert_close(g, e.astype(np.float64), dtype, ulps=32 if dtype == np.float16 else 16)
+        assert_close(g, e.astype(np.float64), dtype, ulps=32 if dtype == np.float16 else 16,
+                     scale=scale)
 
 
 @pytest.mark.parametrize("xs,ws,attrs", CONV + [

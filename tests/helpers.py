@@ -55,3 +55,14 @@ def ort_available():
     except ImportError:
         return False
     return True
+
+
+def train_losses(module, optimizer, batches):
+    """ORT's training loop over `batches` (tuples of a module's inputs): module(*batch),
+    optimizer.step(), module.lazy_reset_grad(); the losses as floats."""
+    losses = []
+    for batch in batches:
+        losses.append(float(module(*batch)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    return losses

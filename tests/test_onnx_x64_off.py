@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # one subprocess runs 40 node cases: 17 s on 2 cores
+
 onnx = pytest.importorskip("onnx")
 if tuple(int(v) for v in onnx.__version__.split(".")[:2]) < (1, 23):
     pytest.skip("the in-memory node suite needs onnx >= 1.23", allow_module_level=True)

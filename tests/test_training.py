@@ -8,6 +8,7 @@ import pytest
 
 from jaxops.onnx import checkpoint as C
 from jaxops.onnx.training import CheckpointState, LinearLRScheduler, Module, Optimizer
+from helpers import train_losses
 
 DATA = Path(__file__).parent / "data"
 MODELS = ["mlp", "cnn", "transformer"]
@@ -37,11 +38,7 @@ def test_losses_match_ort_reference(model):
     xs, ys = _data(model)
     state, module, optimizer = _session(model)
     optimizer.set_learning_rate(ref["lr"])
-    losses = []
-    for x, y in zip(xs[:ref["steps"]], ys[:ref["steps"]]):
-        losses.append(float(module(x, y)))
-        optimizer.step()
-        module.lazy_reset_grad()
+    losses = train_losses(module, optimizer, zip(xs[:ref["steps"]], ys[:ref["steps"]]))
     np.testing.assert_allclose(losses, ref["train_losses"], rtol=1e-5)
     module.eval()
     np.testing.assert_allclose(float(module(xs[-1], ys[-1])), ref["eval_loss"], rtol=1e-5)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 import pytest
-from helpers import on_cpu_devices
+from helpers import on_cpu_devices, train_losses
 from onnx import helper, numpy_helper
 
 import jaxops.onnx
@@ -84,11 +84,7 @@ def test_forward_path_matches_ort(model, tmp_path):
     assert module.input_names() == ["input", "labels"]
     optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
     optimizer.set_learning_rate(ref["lr"])
-    losses = []
-    for x, y in zip(xs[:ref["steps"]], ys[:ref["steps"]]):
-        losses.append(float(module(x, y)))
-        optimizer.step()
-        module.lazy_reset_grad()
+    losses = train_losses(module, optimizer, zip(xs[:ref["steps"]], ys[:ref["steps"]]))
     np.testing.assert_allclose(losses, ref["train_losses"], rtol=1e-5)
     module.eval()
     np.testing.assert_allclose(float(module(xs[-1], ys[-1])), ref["eval_loss"], rtol=1e-5)
@@ -442,6 +438,7 @@ FORWARD_ONLY = sorted(p.parent.name for p in CORPUS.glob("*/reference.json")
                       if json.loads(p.read_text()).get("forward_only"))
 
 
+@pytest.mark.slow  # 8-10 s each on 2 cores
 @pytest.mark.parametrize("name", FORWARD_ONLY)
 def test_corpus_forward_only_model_trains(name):
     """Real models ORT 1.19.2 cannot train (tests/data/corpus, tools/make_corpus.py):

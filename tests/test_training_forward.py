@@ -182,12 +182,7 @@ def test_gradients_accumulate_until_reset():
 def _train(module, optimizer, batches, lr=None):
     if lr is not None:
         optimizer.set_learning_rate(lr)
-    losses = []
-    for batch in batches:
-        losses.append(float(module(*batch)))
-        optimizer.step()
-        module.lazy_reset_grad()
-    return losses
+    return train_losses(module, optimizer, batches)
 
 
 @pytest.mark.parametrize("optim,lr", [(artifacts.OptimType.SGD, 0.5),

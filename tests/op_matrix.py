@@ -80,7 +80,7 @@ def check_vmap_of_grad(rng, fn, maker, argnums, core):
                       grad(args[0][0], *[a[1] for a in args[1:]]))
 
 
-def check_grads_order2(rng, fn, maker, argnums, shape):
+def check_grads_order2(rng, fn, maker, argnums, shape, eps=None):
     args = list(call(maker, rng, shape))
 
     def f(*floats):
@@ -88,7 +88,7 @@ def check_grads_order2(rng, fn, maker, argnums, shape):
         for i, x in zip(argnums, floats):
             full[i] = x
         return fn(*full)
-    check_grads(f, tuple(args[i] for i in argnums), order=2, modes=("fwd", "rev"))
+    check_grads(f, tuple(args[i] for i in argnums), order=2, modes=("fwd", "rev"), eps=eps)
 
 
 def check_sharded(rng, fn, maker, spec, shape):

@@ -193,7 +193,10 @@ def test_vmap_of_grad(rng, name, fn, maker, argnums):
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
 def test_check_grads_order2(rng, name, fn, maker, argnums):
-    matrix.check_grads_order2(rng, fn, maker, argnums, (3, 4))
+    # DivGrad's third derivatives grow as 1/b^4: finite differences at jax's default step were
+    # 5.3e-5 off (seed 3602258262, |b| >= 0.5); a 1e-5 step keeps them within the tolerance
+    eps = 1e-5 if name == "div_grad" else None
+    matrix.check_grads_order2(rng, fn, maker, argnums, (3, 4), eps=eps)
 
 
 @pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)

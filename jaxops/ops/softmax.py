@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
+from jaxops._src.spec import Matrix, define
 from jaxops.reference import softmax as ref
 
 _FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
@@ -118,30 +119,46 @@ _LOG_SOFTMAX_GRAD_TRANSPOSE = Op(
                          _LOG_SOFTMAX_GRAD if through_end else _LOG_SOFTMAX_GRAD_13))
 
 
-def softmax_grad(dY, Y, axis=1):
+def _pair(log):
+    """Matrix inputs: dY and a (log-)softmax output Y over the last dim."""
+    def make(rng, shape, dtype):
+        x = rng.standard_normal(shape)
+        y = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        return (jnp.asarray(rng.standard_normal(shape), dtype),
+                jnp.asarray(y if log else np.exp(y), dtype))
+    return make
+
+
+_MS = "com.microsoft"
+
+
+def _softmax_family(name, op_type, op, reference, axis, through_end, y_name, doc):
+    return define(
+        name, ort=(_MS, op_type), inputs=("dY: float", f"{y_name}: float"), outputs=("dX",),
+        attrs={"axis": axis}, op=op, params={"through_end": through_end},
+        reference=lambda dY, Y, *, axis: reference(dY, Y, axis, through_end), doc=doc,
+        # axis -1 keeps dim 0 a row dim, which shards with no gather
+        matrix=Matrix(_pair("log" in name), attrs={"axis": -1}, grad=(0, 1)))
+
+
+softmax_grad = _softmax_family(
+    "softmax_grad", "SoftmaxGrad", _SOFTMAX_GRAD, ref.softmax_grad, 1, True, "Y",
     """ORT SoftmaxGrad: dX = Y * (dY - sum(dY * Y)), the sum over all dims from `axis` on.
 
     Y is the softmax output. f16/bf16 accumulate in f32.
-    """
-    return _SOFTMAX_GRAD(dY, Y, axis=axis, through_end=True)
-
-
-def softmax_grad_13(dY, Y, axis=-1):
-    """ORT SoftmaxGrad_13: dX = Y * (dY - sum(dY * Y)), the sum over `axis` only."""
-    return _SOFTMAX_GRAD_13(dY, Y, axis=axis, through_end=False)
-
-
-def log_softmax_grad(dY, X, axis=1):
+    """)
+softmax_grad_13 = _softmax_family(
+    "softmax_grad_13", "SoftmaxGrad_13", _SOFTMAX_GRAD_13, ref.softmax_grad, -1, False, "Y",
+    """ORT SoftmaxGrad_13: dX = Y * (dY - sum(dY * Y)), the sum over `axis` only.""")
+log_softmax_grad = _softmax_family(
+    "log_softmax_grad", "LogSoftmaxGrad", _LOG_SOFTMAX_GRAD, ref.log_softmax_grad, 1, True, "X",
     """ORT LogSoftmaxGrad: dX = dY - exp(X) * sum(dY), the sum over all dims from `axis` on.
 
     X is the log-softmax OUTPUT (ORT's name for it). f16/bf16 accumulate in f32.
-    """
-    return _LOG_SOFTMAX_GRAD(dY, X, axis=axis, through_end=True)
-
-
-def log_softmax_grad_13(dY, X, axis=-1):
-    """ORT LogSoftmaxGrad_13: dX = dY - exp(X) * sum(dY), the sum over `axis` only."""
-    return _LOG_SOFTMAX_GRAD_13(dY, X, axis=axis, through_end=False)
+    """)
+log_softmax_grad_13 = _softmax_family(
+    "log_softmax_grad_13", "LogSoftmaxGrad_13", _LOG_SOFTMAX_GRAD_13, ref.log_softmax_grad, -1,
+    False, "X", """ORT LogSoftmaxGrad_13: dX = dY - exp(X) * sum(dY), the sum over `axis` only.""")
 
 
 def log_softmax_grad_transpose(ct, X, axis=-1, through_end=False):
@@ -150,10 +167,3 @@ def log_softmax_grad_transpose(ct, X, axis=-1, through_end=False):
 
 
 __all__ = ["log_softmax_grad", "log_softmax_grad_13", "softmax_grad", "softmax_grad_13"]
-
-ORT_OPS = {
-    ("com.microsoft", "SoftmaxGrad"): softmax_grad,
-    ("com.microsoft", "SoftmaxGrad_13"): softmax_grad_13,
-    ("com.microsoft", "LogSoftmaxGrad"): log_softmax_grad,
-    ("com.microsoft", "LogSoftmaxGrad_13"): log_softmax_grad_13,
-}

@@ -5,11 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 from jaxops import ops
+from jaxops.ops import activation
 from jaxops.reference import activation as ref
-import op_matrix as matrix
 from helpers import DTYPE_IDS, FLOAT_DTYPES, assert_close
 
 
@@ -108,9 +107,8 @@ def test_exact_points():
     np.testing.assert_allclose(ops.gelu_grad(one, jnp.zeros(3)), 0.5)
     np.testing.assert_allclose(ops.fast_gelu_grad(one, jnp.zeros(3)), 0.5)
     np.testing.assert_allclose(ops.quick_gelu_grad(one, jnp.zeros(3)), 0.5)
-    assert ops.quick_gelu_grad.__kwdefaults__ is None
-    assert ops.quick_gelu_grad.__defaults__ == (1.702,)
-    assert ops.leaky_relu_grad.__defaults__ == (0.01,)
+    assert ops.quick_gelu_grad.spec.attrs == {"alpha": 1.702}
+    assert ops.leaky_relu_grad.spec.attrs == {"alpha": 0.01}
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
@@ -156,63 +154,21 @@ def test_div_grad_outputs_keyword(rng):
     assert "mul" not in jaxpr and "neg" not in jaxpr
 
 
-# every op as (name, fn, args maker, float argnums): for the transformation tests
-def _all_ops():
-    out = []
-    for name, op, _, kw in UNARY:
-        out.append((name, functools.partial(op, **kw),
-                    functools.partial(unary_inputs, name=name), (0, 1)))
-    for name, op, _ in BIAS:
-        out.append((name, op, lambda rng, shape, dtype: tuple(
-            _normal(rng, s, dtype) for s in (shape, shape, shape[-1:])), (0, 1, 2)))
-    out.append(("fake_quant_grad", ops.fake_quant_grad, lambda rng, shape, dtype: (
-        _normal(rng, shape, dtype), jnp.asarray(rng.random(shape) > 0.5)), (0,)))
-    out.append(("div_grad", ops.div_grad, lambda rng, shape, dtype: div_inputs(
-        rng, shape, shape[-1:], dtype), (0, 1, 2)))
-    return out
+# the family's ops; tests/test_op_matrix.py runs jit, vmap, vmap of grad, check_grads order 2
+# and sharding for each from its spec's matrix row
+FAMILY = activation.__all__
 
 
-ALL = _all_ops()
-ALL_IDS = [a[0] for a in ALL]
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
-def test_jit_matches_eager(rng, name, fn, maker, argnums):
-    matrix.check_jit(rng, fn, maker)
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
-def test_vmap(rng, name, fn, maker, argnums):
-    matrix.check_vmap(rng, fn, maker, (5, 6))
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
-def test_vmap_of_grad(rng, name, fn, maker, argnums):
-    matrix.check_vmap_of_grad(rng, fn, maker, argnums, (4, 5))
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
-def test_check_grads_order2(rng, name, fn, maker, argnums):
-    # DivGrad's third derivatives grow as 1/b^4: finite differences at jax's default step were
-    # 5.3e-5 off (seed 3602258262, |b| >= 0.5); a 1e-5 step keeps them within the tolerance
-    eps = 1e-5 if name == "div_grad" else None
-    matrix.check_grads_order2(rng, fn, maker, argnums, (3, 4), eps=eps)
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
-@pytest.mark.parametrize("spec", [P("x"), P("x", None)], ids=str)
-def test_sharded_input_is_not_gathered(rng, name, fn, maker, argnums, spec):
-    matrix.check_sharded(rng, fn, maker, spec, (8, 6))
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=ALL_IDS)
-def test_bad_input(rng, name, fn, maker, argnums):
-    op = name.replace("_alpha", "")
-    good = matrix.call(maker, rng, (2, 4), jnp.float32)
+@pytest.mark.parametrize("name", FAMILY)
+def test_bad_input(rng, name):
+    """Dtype and shape mismatches name the op, eagerly and under jit."""
+    spec = ops.SPECS[name]
+    fn = functools.partial(getattr(ops, name), **spec.matrix.attrs)
+    good = spec.matrix.make(rng, (2, 4), jnp.float32)
     cases = [(0, jnp.ones((2, 4), jnp.int32), TypeError, "must be float16"),
              (0, jnp.ones((2, 4), jnp.float64), TypeError, "share one dtype"),
              (0, jnp.ones((3, 4), jnp.float32), ValueError, "shape")]
-    if op == "fake_quant_grad":
+    if name == "fake_quant_grad":
         cases[1] = (1, jnp.ones((2, 4), jnp.float32), TypeError, "must be bool")
     for i, bad, error, text in cases:
         args = list(good)
@@ -220,7 +176,7 @@ def test_bad_input(rng, name, fn, maker, argnums):
         for call in (fn, jax.jit(fn)):
             with pytest.raises(error, match=text) as info:
                 call(*args)
-            assert f"jaxops.ops.{op}" in str(info.value)
+            assert f"jaxops.ops.{name}: " in str(info.value)
 
 
 def test_bad_attributes():

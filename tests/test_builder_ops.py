@@ -1,15 +1,12 @@
 """Ops ORT's gradient builder writes beyond the CUDA registry: SinGrad (and cos_grad),
 AveragePoolGrad, FusedMatMul, BroadcastGradientArgs; against independent numpy references."""
-import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
-import op_matrix as matrix
 from helpers import DTYPE_IDS, FLOAT_DTYPES, assert_close
 from jaxops import ops
 
@@ -171,60 +168,17 @@ def test_broadcast_gradient_args(a, b, axes_a, axes_b):
 
 
 def test_broadcast_gradient_args_bad_input():
-    with pytest.raises(ValueError, match="jaxops.ops.broadcast_gradient_args: .* do not broadcast"):
+    op = "jaxops.ops.broadcast_gradient_args: "
+    with pytest.raises(ValueError, match=f"{op}.* do not broadcast"):
         ops.broadcast_gradient_args([2, 3], [4, 3])
-    with pytest.raises(TypeError, match="concrete 1-D integer shape"):
+    with pytest.raises(TypeError, match=f"{op}a_shape must be a 1-D sequence of ints"):
         ops.broadcast_gradient_args(np.ones((2, 2), np.int64), [1])
-    with pytest.raises(TypeError, match="concrete 1-D integer shape"):
+    with pytest.raises(TypeError, match=f"{op}a_shape must be static"):
         jax.jit(ops.broadcast_gradient_args)(jnp.array([2, 3]), jnp.array([3]))
-    with pytest.raises(ValueError, match="negative dim"):
+    with pytest.raises(ValueError, match=f"{op}a_shape has a negative dim"):
         ops.broadcast_gradient_args([2, -1], [1])
-
-
-# ---- the transformation matrix for the array ops
-
-def _pool_maker(rng, shape, dtype):  # shape (N, C): 4x4 planes pooled 2x2
-    return (_normal(rng, tuple(shape) + (2, 2), dtype),)
-
-
-def _pool(dy):
-    return ops.average_pool_grad(dy, x_shape=dy.shape[:2] + (4, 4), kernel_shape=[2, 2],
-                                 strides=[2, 2])
-
-
-ALL = [
-    ("sin_grad", ops.sin_grad, lambda rng, s, d: (_normal(rng, s, d), _normal(rng, s, d)), (0, 1)),
-    ("cos_grad", ops.cos_grad, lambda rng, s, d: (_normal(rng, s, d), _normal(rng, s, d)), (0, 1)),
-    ("average_pool_grad", _pool, _pool_maker, (0,)),
-    ("fused_matmul", functools.partial(ops.fused_matmul, alpha=0.5, transB=1),
-     lambda rng, s, d: (_normal(rng, s, d), _normal(rng, (3, s[-1]), d)), (0, 1)),
-]
-IDS = [a[0] for a in ALL]
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=IDS)
-def test_jit_matches_eager(rng, name, fn, maker, argnums):
-    matrix.check_jit(rng, fn, maker)
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=IDS)
-def test_vmap(rng, name, fn, maker, argnums):
-    matrix.check_vmap(rng, fn, maker, (3, 4))
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=IDS)
-def test_vmap_of_grad(rng, name, fn, maker, argnums):
-    matrix.check_vmap_of_grad(rng, fn, maker, argnums, (2, 3))
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=IDS)
-def test_check_grads_order2(rng, name, fn, maker, argnums):
-    matrix.check_grads_order2(rng, fn, maker, argnums, (2, 3))
-
-
-@pytest.mark.parametrize("name,fn,maker,argnums", ALL, ids=IDS)
-def test_sharded_input_is_not_gathered(rng, name, fn, maker, argnums):
-    matrix.check_sharded(rng, fn, maker, P("x"), (8, 4))
+    with pytest.raises(TypeError, match=f"{op}.*unexpected keyword"):
+        ops.broadcast_gradient_args([2], [2], axis=0)
 
 
 def test_ort_ops_table():

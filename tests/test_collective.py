@@ -211,7 +211,7 @@ def test_group_axes_mapping(rng):
 
 def test_bad_input(rng):
     mesh = _mesh()
-    with pytest.raises(TypeError, match="nccl_all_reduce: inputs must be float"):
+    with pytest.raises(TypeError, match=r"nccl_all_reduce: input\[0\] must be float"):
         _per_rank(ops.nccl_all_reduce, mesh, np.ones((WORLD, 3), np.int32))
     with pytest.raises(TypeError, match="one buffer of one type"):
         _per_rank(ops.nccl_all_gather, mesh, np.ones((WORLD, 3), np.float32), np.ones((WORLD, 3)))

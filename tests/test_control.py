@@ -144,30 +144,6 @@ def test_grads(rng):
                  (0, 1))(buf, value)
     np.testing.assert_array_equal(g[0], 0)  # overwritten: no gradient to the old buffer
     np.testing.assert_array_equal(g[1], 1)
-    np.testing.assert_array_equal(jax.grad(lambda g: jnp.sum(ops.zero_gradient(g, 1)))(buf), 0)
-    check_grads(lambda a, b: ops.pass_through(a, b), (buf, value), order=2, modes=("fwd", "rev"))
-
-
-def test_vmap(rng):
-    buf = jnp.asarray(rng.standard_normal((5, 3)))
-    value = jnp.asarray(rng.standard_normal((5, 3)))
-    flags = jnp.asarray([[True], [False], [True], [False], [False]])
-    _, out = jax.vmap(ops.in_place_accumulator_v2)(buf, value, flags)
-    np.testing.assert_array_equal(out, jnp.where(flags, value, buf + value))
-    # unbatched flag / unbatched buffer
-    _, out = jax.vmap(ops.in_place_accumulator_v2, (0, 0, None))(buf, value, jnp.asarray([True]))
-    np.testing.assert_array_equal(out, value)
-    out = jax.vmap(ops.in_place_accumulator, (None, 0, 0))(buf[0], value, flags)
-    np.testing.assert_array_equal(out, jnp.where(flags, buf[0] + value, buf[0]))
-    np.testing.assert_array_equal(jax.vmap(ops.zero_gradient, (0, None))(buf, 1), 0)
-    done = jax.vmap(lambda x: ops.group(x))(buf)
-    assert done.shape == (5, 1) and bool(done.all())
-    # vmap of grad
-    loss = lambda b, v, f: jnp.sum(jnp.sin(ops.in_place_accumulator_v2(b, v, f)[1]))
-    got = jax.vmap(jax.grad(loss, (0, 1)))(buf, value, flags)
-    want_b = jnp.where(flags, 0.0, jnp.cos(buf + value))
-    np.testing.assert_allclose(got[0], want_b, rtol=1e-12)
-    np.testing.assert_allclose(got[1], jnp.cos(jnp.where(flags, value, buf + value)), rtol=1e-12)
 
 
 def test_sharded_input_is_not_gathered(rng):
@@ -175,10 +151,10 @@ def test_sharded_input_is_not_gathered(rng):
     s = NamedSharding(mesh, P("x", None))
     buf = jax.device_put(jnp.asarray(rng.standard_normal((8, 6)), jnp.float32), s)
     value = jax.device_put(jnp.asarray(rng.standard_normal((8, 6)), jnp.float32), s)
+    # (the matrix checks in_place_accumulator and pass_through; these two skip its sharding check:
+    # the flag output comes first, and the zeros are a constant fill XLA places replicated)
     fns = [lambda b, v: ops.in_place_accumulator_v2(b, v, jnp.asarray([False]))[1],
-           lambda b, v: ops.in_place_accumulator(b, v),
-           lambda b, v: ops.zero_gradient(b, v),
-           lambda b, v: ops.pass_through(b, v)[0]]
+           lambda b, v: ops.zero_gradient(b, v)]
     for fn in fns:
         f = jax.jit(fn)
         hlo = f.lower(buf, value).compile().as_text()

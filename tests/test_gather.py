@@ -83,7 +83,7 @@ def test_gather_grad_static_shape_forms(rng):
     want = ops.gather_grad((3, 2), idx, dy)
     for shape in ([3, 2], np.array([3, 2], np.int64), jnp.array([3, 2])):
         np.testing.assert_array_equal(ops.gather_grad(shape, idx, dy), want)
-    assert ops.gather_grad.__defaults__ == (0,)
+    assert ops.gather_grad.spec.attrs == {"axis": 0}
 
 
 def test_gather_grad_drops_out_of_range(rng):
@@ -247,8 +247,8 @@ def test_gather_grad_bad_input():
         (((4, 2), i32, f32), {"axis": 2}, ValueError, "out of range"),
         (((4, 2), i32, f32), {"axis": 1.0}, TypeError, "axis must be an int"),
         (((), i32, f32), {}, ValueError, "rank >= 1"),
-        (((4.5, 2.0), i32, f32), {}, TypeError, "integers"),
-        ((((4, 2),), i32, f32), {}, ValueError, "1-D"),
+        (((4.5, 2.0), i32, f32), {}, TypeError, "1-D sequence of ints"),
+        ((((4, 2),), i32, f32), {}, TypeError, "1-D"),
     ]
     for args, kwargs, error, text in cases:
         with pytest.raises(error, match=text) as info:
@@ -453,23 +453,14 @@ def test_slice_grad_matches_numpy(rng, shape, starts, ends, axes, steps, dtype):
                                   expected)
 
 
-def test_slice_grad_transforms(rng):
+def test_slice_grad_is_a_pad(rng):
+    # negative steps on two axes: pure XLA, no scatter (jit, vmap, check_grads and sharding:
+    # tests/test_op_matrix.py)
     args = ((6, 5), [5, 0], [-100, 5], [0, 1], [-2, 2])
-    dy = random_float(rng, (3, 3, 3), jnp.float64)
+    dy = random_float(rng, (3, 3), jnp.float64)
     fn = lambda g: ops.slice_grad(g, *args)
-    want = jax.vmap(lambda g: ref.slice_grad(g, *args))(dy)
-    np.testing.assert_array_equal(jax.jit(jax.vmap(fn))(dy), want)
-    check_grads(fn, (dy[0],), order=2, modes=("fwd", "rev"))
-    # pure XLA, no scatter
-    assert "scatter" not in jax.jit(fn).lower(dy[0]).as_text()
-
-
-def test_slice_grad_sharded_is_not_gathered(rng):
-    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
-    dy = jax.device_put(random_float(rng, (8, 3), jnp.float32), NamedSharding(mesh, P("x", None)))
-    fn = jax.jit(lambda g: ops.slice_grad(g, (8, 7), [1], [7], [1], [2]))
-    assert "all-gather" not in fn.lower(dy).compile().as_text()
-    np.testing.assert_array_equal(fn(dy)[:, 1:7:2], dy)
+    np.testing.assert_array_equal(fn(dy), ref.slice_grad(dy, *args))
+    assert "scatter" not in jax.jit(fn).lower(dy).as_text()
 
 
 def test_slice_grad_bad_input():

@@ -291,13 +291,20 @@ def _equal(got, want):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("name,fn,maker", ALL, ids=IDS)
+# tests/test_op_matrix.py runs jit, vmap (axes 0, 1, -1) and a sharded input for every op,
+# comparing within tolerances; bool and byte outputs (and 0/1 floats) are exact there. The ops
+# with other float outputs are checked here bit for bit (NaN, signed zeros, float32 denormals).
+FLOAT_OUT = [a for a in ALL if a[0] in ("gist_pack8_decoder", "gist_pack16_encoder",
+                                        "gist_pack16_decoder", "gist_pack_msfp15_decoder")]
+
+
+@pytest.mark.parametrize("name,fn,maker", FLOAT_OUT, ids=[a[0] for a in FLOAT_OUT])
 def test_jit_matches_eager(rng, name, fn, maker):
     x = maker(rng, (4, 16))
     _equal(jax.jit(fn)(x), fn(x))
 
 
-@pytest.mark.parametrize("name,fn,maker", ALL, ids=IDS)
+@pytest.mark.parametrize("name,fn,maker", FLOAT_OUT, ids=[a[0] for a in FLOAT_OUT])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_vmap(rng, name, fn, maker, axis):
     x = maker(rng, (3, 2, 16))  # 3 examples of [2, 16] along axis 0
@@ -309,6 +316,8 @@ def test_vmap(rng, name, fn, maker, axis):
 
 @pytest.mark.parametrize("name,fn,maker", ALL, ids=IDS)
 def test_sharded_input_is_not_gathered(rng, name, fn, maker):
+    """Beyond the matrix's check: no collective-permute either (a byte or tile never spans
+    shards), and the values bit for bit."""
     mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
     x = maker(rng, (8, 16))
     placed = jax.device_put(x, NamedSharding(mesh, P("x")))

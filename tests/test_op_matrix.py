@@ -17,7 +17,17 @@ IDS = [name for name, _ in ROWS]
 
 
 def _fn(spec):
-    return functools.partial(getattr(ops, spec.name), **spec.matrix.attrs)
+    """The op with the row's keywords fixed, taking the row's made inputs positionally: they
+    fill the inputs the keywords leave, in order, passed by name (so a static input such as
+    GatherGrad's leading `shape` can be a keyword)."""
+    fn, fixed = getattr(ops, spec.name), dict(spec.matrix.attrs)
+    if spec.variadic is not None:
+        return functools.partial(fn, **fixed)
+    names = [i.name for i in spec.inputs if i.name not in fixed]
+
+    def call(*args):
+        return fn(**dict(zip(names, args)), **fixed)
+    return call
 
 
 def _skip_if(spec, what):
@@ -65,15 +75,16 @@ def test_sharded_input_is_not_gathered(rng, name, spec):
 @pytest.mark.parametrize("name,spec", ROWS, ids=IDS)
 def test_errors_name_the_op(rng, name, spec):
     """A float input given as int32, and an unknown keyword, are TypeErrors naming the op."""
-    fn = getattr(ops, name)
+    fn = _fn(spec)
     args = list(spec.matrix.make(rng, (2, 3), jnp.float32))
-    floats = [k for k, i in enumerate(spec.inputs[:len(args)]) if i.kind == "float"]
+    made = [i for i in spec.inputs if i.name not in spec.matrix.attrs]
+    floats = [k for k, i in enumerate(made[:len(args)]) if i.kind == "float"]
     if floats:
         args[floats[0]] = jnp.ones(jnp.shape(args[floats[0]]), jnp.int32)
         with pytest.raises(TypeError, match=f"jaxops.ops.{name}: "):
-            fn(*args, **spec.matrix.attrs)
+            fn(*args)
     with pytest.raises(TypeError, match=f"jaxops.ops.{name}: "):
-        fn(*args, **spec.matrix.attrs, not_an_attribute=1)
+        getattr(ops, name)(*args, not_an_attribute=1)
 
 
 @pytest.mark.parametrize("name,spec", [r for r in ROWS if r[1].kernel is not None],

@@ -177,9 +177,9 @@ def test_bad_input(rng):
         run(lambda v: ops.send_recv(True, jax.lax.axis_index("pipe"), 1, v))
     with pytest.raises(TypeError, match="must be one integer"):
         run(lambda v: ops.send_recv(True, 0.0, 1, v))
-    with pytest.raises(ValueError, match="InputSignal is false"):
+    with pytest.raises(ValueError, match="send: input_signal is false"):
         run(lambda v: ops.send(np.array(False), 1, v, tag=0))
-    with pytest.raises(TypeError, match="InputSignal must be one bool"):
+    with pytest.raises(TypeError, match="send: input_signal must be bool"):
         run(lambda v: ops.send(np.int64(1), 1, v, tag=0))
     with pytest.raises(TypeError, match=r"element_types\[0\] is int32 but Data 0 is float32"):
         run(lambda v: ops.send(True, 1, v, tag=0, element_types=[6]))

@@ -1,10 +1,11 @@
-"""View, PadAndUnflatten, FlattenAndUnpad."""
+"""View, PadAndUnflatten, FlattenAndUnpad (jit, vmap, vmap of grad and check_grads of the
+padding ops: their matrix rows in tests/test_op_matrix.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
+import op_matrix as matrix
 from jaxops import ops
 from helpers import DTYPE_IDS, FLOAT_DTYPES
 
@@ -72,12 +73,18 @@ def test_out_of_range_indices(rng):
 
 
 def test_grads(rng):
+    """What the matrix rows leave out (tests/test_op_matrix.py has pad_and_unflatten's
+    check_grads, vmap and vmap of grad): flatten_and_unpad's gradient (its row has none, as
+    check_grads cannot take the int unflatten_dims output), View's, and the two ops being
+    each other's transposes."""
+    def rows(p, i):
+        return ops.flatten_and_unpad(p, i)[0]
+
+    make = ops.flatten_and_unpad.spec.matrix.make
+    matrix.check_grads_order2(rng, rows, make, (0,), (2, 3))
+    matrix.check_vmap_of_grad(rng, rows, make, (0,), (2, 3))
     x = jnp.asarray(rng.standard_normal((3, 4)))
     idx = jnp.asarray([4, 0, 2])
-    check_grads(lambda x: ops.pad_and_unflatten(x, idx, (2, 3)), (x,), order=2,
-                modes=("fwd", "rev"))
-    p = ops.pad_and_unflatten(x, idx, (2, 3))
-    check_grads(lambda p: ops.flatten_and_unpad(p, idx)[0], (p,), order=2, modes=("fwd", "rev"))
     np.testing.assert_array_equal(jax.grad(lambda x: ops.view(x, (2, 2), (8,))[1][3])(x),
                                   np.eye(12)[7].reshape(3, 4))
     # the gradient of PadAndUnflatten is FlattenAndUnpad of the cotangent
@@ -86,21 +93,16 @@ def test_grads(rng):
     np.testing.assert_array_equal(vjp(ct)[0], ops.flatten_and_unpad(ct, idx)[0])
 
 
-def test_vmap(rng):
+def test_view_vmap_and_jit(rng):
+    """View has no matrix row (its shapes are variadic static inputs)."""
     x = jnp.asarray(rng.standard_normal((5, 3, 2)))
-    idx = jnp.asarray(np.stack([rng.choice(6, 3, replace=False) for _ in range(5)]))
-    got = jax.jit(jax.vmap(lambda x, i: ops.pad_and_unflatten(x, i, (3, 2))))(x, idx)
-    for b in range(5):
-        np.testing.assert_array_equal(got[b], ops.pad_and_unflatten(x[b], idx[b], (3, 2)))
-    back = jax.jit(jax.vmap(lambda p, i: ops.flatten_and_unpad(p, i)[0]))(got, idx)
-    np.testing.assert_array_equal(back, x)
-    shared = jax.jit(jax.vmap(lambda x: ops.pad_and_unflatten(x, idx[0], (3, 2))))(x)
-    np.testing.assert_array_equal(shared[1], ops.pad_and_unflatten(x[1], idx[0], (3, 2)))
     views = jax.vmap(lambda x: ops.view(x, (2,), (2, 2)))(x)
     np.testing.assert_array_equal(views[1], x.reshape(5, 6)[:, 2:].reshape(5, 2, 2))
-    g = jax.jit(jax.vmap(jax.grad(
-        lambda x, i: jnp.sum(ops.pad_and_unflatten(x, i, (3, 2)) ** 2))))(x, idx)
-    np.testing.assert_allclose(g, 2 * x)
+    jitted = jax.jit(lambda x: ops.view(x, (6,), (3, 8)))(x)
+    for got, want in zip(jitted, ops.view(x, (6,), (3, 8))):
+        np.testing.assert_array_equal(got, want)
+    g = jax.vmap(jax.grad(lambda x: jnp.sum(ops.view(x, (2,), (4,))[1] ** 2)))(x)
+    np.testing.assert_array_equal(g, 2 * x.reshape(5, 6).at[:, :2].set(0).reshape(5, 3, 2))
 
 
 def test_bad_input():

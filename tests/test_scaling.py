@@ -1,5 +1,6 @@
 """MixedPrecisionScale, IsFinite, IsAllFinite, ReduceAllL2, Scale, ScaledSum, BatchScale, All
-against numpy (f64), over dtypes, jit, vmap, sharding, bad input."""
+against numpy (f64), over dtypes, bad input (jit, vmap, gradients and sharding: the op matrix,
+tests/test_op_matrix.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,25 +80,11 @@ def test_all():
     assert ops.all(jnp.ones(3, bool)).shape == ()
 
 
-def test_jit_vmap(rng):
-    xs = [_x(rng, (3, 4), jnp.float32), _x(rng, (3, 2), jnp.float32)]
-    l2 = jax.vmap(jax.jit(ops.reduce_all_l2))(*xs)
-    np.testing.assert_allclose(l2, [np.sqrt(np.sum(np.asarray(xs[0][i]) ** 2) +
-                                            np.sum(np.asarray(xs[1][i]) ** 2)) for i in range(3)],
-                               rtol=1e-6)
-    fin = jax.vmap(ops.is_all_finite, in_axes=(0, None))(xs[0].at[1, 0].set(jnp.inf), xs[1][0])
-    np.testing.assert_array_equal(fin, [True, False, True])
-    mps = jax.vmap(lambda s, x: ops.mixed_precision_scale(s, x, to=10)[0])(jnp.arange(3.0), xs[0])
-    np.testing.assert_allclose(mps, np.arange(3.0)[:, None] * np.asarray(xs[0]), rtol=1e-3)
-
-
-def test_sharded_stays_sharded(rng):
+def test_sharded_reduce_all_l2(rng):
+    # a scalar of sharded inputs (the matrix's sharding check needs a sharded output)
     mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
     sh = NamedSharding(mesh, P("x"))
     a, b = (jax.device_put(_x(rng, (8, 4), jnp.float32), sh) for _ in range(2))
-    fn = jax.jit(lambda a, b: ops.scaled_sum(a, b, scale_0=2.0, scale_1=3.0))
-    assert "all-gather" not in fn.lower(a, b).compile().as_text()
-    assert fn(a, b).sharding.spec[0] == "x"
     np.testing.assert_allclose(jax.jit(ops.reduce_all_l2)(a, b),
                                np.sqrt(np.sum(np.asarray(a) ** 2) + np.sum(np.asarray(b) ** 2)),
                                rtol=1e-6)
@@ -107,7 +94,8 @@ def test_bad_input():
     f = jnp.ones(3)
     cases = [
         (lambda: ops.reduce_all_l2(), ValueError, "reduce_all_l2: needs at least one"),
-        (lambda: ops.reduce_all_l2(jnp.ones(3, jnp.int32)), TypeError, "reduce_all_l2: X must be"),
+        (lambda: ops.reduce_all_l2(jnp.ones(3, jnp.int32)), TypeError,
+         r"reduce_all_l2: X\[0\] must be"),
         (lambda: ops.is_finite(jnp.ones(3, bool)), TypeError, "is_finite"),
         (lambda: ops.is_all_finite(f, isinf_only=1, isnan_only=1), ValueError, "exclude"),
         (lambda: ops.mixed_precision_scale(jnp.ones(2), f, to=1), ValueError, "one element"),
@@ -115,7 +103,7 @@ def test_bad_input():
         (lambda: ops.scale(f, jnp.ones(2)), ValueError, "scale: scale must hold one"),
         (lambda: ops.scale(f, jnp.ones(1, bool)), TypeError, "scale must be a float or int"),
         (lambda: ops.scaled_sum(f, jnp.ones(4), scale_0=1.0, scale_1=1.0), ValueError,
-         "scaled_sum: inputs must share"),
+         "scaled_sum: input0 and input1 must share one shape"),
         (lambda: ops.batch_scale(jnp.ones(2, jnp.int32), scale_0=1.0, scale_1=1.0), TypeError,
          "batch_scale"),
         (lambda: ops.all(f), TypeError, "all: X must be bool"),

@@ -107,13 +107,17 @@ class Op:
     aliases(*args, **params) -> {operand index: result index}: results that reuse an
         operand's buffer (ORT's in-place updates), so a donated operand is updated in place
         (FFI ops only; XLA copies an operand that is not donated).
+    xla_when(platform, *args, **params) -> bool: where XLA's own code for the reference is
+        measured faster than the kernel (docs/performance.md), the op lowers the reference
+        there instead of calling the kernel.
     """
 
     def __init__(self, name: str, *, shape: Callable, reference: Callable, batch: Callable,
                  target: str | None = None, ffi_attrs: Callable | None = None,
                  factors: Callable | None = None, impl: Callable | None = None,
                  jvp: Callable | None = None, transpose: Callable | None = None,
-                 multiple_results: bool = False, aliases: Callable | None = None):
+                 multiple_results: bool = False, aliases: Callable | None = None,
+                 xla_when: Callable | None = None):
         self.name = name
         self.reference = reference
         self._shape = shape
@@ -129,11 +133,18 @@ class Op:
             ad.primitive_transposes[self.primitive] = functools.partial(transpose, self)
 
         if target is None:
-            lowering = mlir.lower_fun(impl, multiple_results=multiple_results)
-        else:
-            lowering = self._ffi_lowering(target, ffi_attrs, factors, aliases)
-            needs_devices_when_lowered(self.primitive)
-        mlir.register_lowering(self.primitive, lowering)
+            mlir.register_lowering(self.primitive,
+                                   mlir.lower_fun(impl, multiple_results=multiple_results))
+            return
+        kernel = self._ffi_lowering(target, ffi_attrs, factors, aliases)
+        needs_devices_when_lowered(self.primitive)
+        if xla_when is None:
+            mlir.register_lowering(self.primitive, kernel)
+            return
+        xla = mlir.lower_fun(reference, multiple_results=multiple_results)
+        for platform in available_platforms():
+            mlir.register_lowering(self.primitive, _routed(platform, xla_when, kernel, xla),
+                                   platform=platform)
 
     def __call__(self, *args, **params):
         args = [None if a is None else jnp.asarray(a) for a in args]
@@ -221,6 +232,14 @@ class Op:
             return mlir.lower_fun(lower, multiple_results=self._multiple)(ctx, *args)
 
         return lowering
+
+
+def _routed(platform, xla_when, kernel, xla):
+    """The lowering on `platform`: the reference's XLA code where xla_when says it wins."""
+    def lowering(ctx, *args, **params):
+        use_xla = xla_when(platform, *ctx.avals_in, **params)
+        return (xla if use_xla else kernel)(ctx, *args, **params)
+    return lowering
 
 
 @functools.cache

@@ -2,6 +2,8 @@
 the op's public function (jaxops/_src/spec.py) prefixes it with the op's name, as `named`
 does for checks that run elsewhere (an Op's shape rule at trace time)."""
 import contextlib
+import functools
+import inspect
 import operator
 
 import jax
@@ -13,15 +15,19 @@ FLOAT_WORDS = "float16, bfloat16, float32 or float64"
 INDEX = (np.dtype(np.int32), np.dtype(np.int64))
 
 
-@contextlib.contextmanager
 def named(op: str):
     """Prefixes a TypeError/ValueError raised inside with `jaxops.ops.<op>:` (once)."""
+    return named_as(f"jaxops.ops.{op}")
+
+
+@contextlib.contextmanager
+def named_as(label: str):
     try:
         yield
     except (TypeError, ValueError) as e:
         if str(e).startswith("jaxops."):
             raise
-        raise type(e)(f"jaxops.ops.{op}: {e}") from None
+        raise type(e)(f"{label}: {e}") from None
 
 
 def floats(**arrays):
@@ -138,3 +144,25 @@ def check_host_ints(label: str, value):
         raise ValueError(f"{label} ({value.dtype}) holds {bad}, outside {narrow}'s range; "
                          f"with x64 off JAX would narrow it to {narrow} silently: enable "
                          f"jax_enable_x64 or pass values that fit")
+
+
+def refuse_narrowed_ints(fn, name: str):
+    """`fn` (a jaxops.nn function, named `name` in errors) with check_host_ints run on its
+    positional parameters first, except those listed in `fn.static_inputs` (read on the host
+    as Python ints). Ops get the same check from their spec."""
+    params = list(inspect.signature(fn).parameters.values())
+    static = getattr(fn, "static_inputs", frozenset())
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    inputs = frozenset(positional) - static
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        with named_as(name):
+            for label, value in zip(positional, args):
+                if label in inputs:
+                    check_host_ints(label, value)
+            for label, value in kwargs.items():
+                if label in inputs:
+                    check_host_ints(label, value)
+        return fn(*args, **kwargs)
+    return checked

@@ -135,7 +135,8 @@ def define(name: str, *, ort: tuple[str, str] | None, inputs, outputs=(), attrs=
     op, params: a kernel-backed `Op` and the fixed params it is bound with: then the Op's
       shape rule is the check and Op.bind the kernel;
     in_place: {input index: output index} for inputs ORT updates in place;
-    graph(ctx) -> keywords the importer reads from the graph around a node;
+    graph(ctx, *inputs) -> keywords the importer reads from the graph around a node (ctx:
+      jaxops.onnx's NodeContext);
     roles: the training core's names for optimizer inputs;
     matrix / no_matrix: the op's transformation-matrix row, or why it has none.
     """
@@ -188,8 +189,10 @@ def _public(spec: Spec, doc: str) -> Callable:
 
 
 def _convert(inp: Input, value, label: str):
-    if value is None and inp.optional:
-        return None
+    if value is None:
+        if inp.optional:
+            return None
+        raise TypeError(f"{label} is required (ORT does not make it optional)")
     if inp.kind != "static":
         rules.check_host_ints(label, value)
     return _CONVERT[inp.kind](value, label)

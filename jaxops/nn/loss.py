@@ -7,10 +7,12 @@ map (`rows_jvp`, XLA code) is linear with the backward kernel as its transpose: 
 works, reverse mode runs the kernel, and higher orders differentiate the kernels' pure-JAX
 references. Weights, ignore_index and the reduction are jnp code around the nll.
 """
+import operator
 
 import jax
 import jax.numpy as jnp
 
+from jaxops._src import rules
 from jaxops._src.disable import disabled
 from jaxops.ops import loss as ops
 from jaxops.reference import loss as ref
@@ -30,14 +32,9 @@ def cross_entropy(logits, labels, weights=None, ignore_index=None, reduction="me
     """
     logits, labels = jnp.asarray(logits), jnp.asarray(labels)
     weights = None if weights is None else jnp.asarray(weights)
-    ch = ops._Checks("cross_entropy")
-    ch.float_array("logits", logits, 1)
-    ch.labels("labels", labels, logits.shape[:-1])
-    if weights is not None:
-        ch.float_array("weights", weights)
-        ch.shape("weights", weights, logits.shape[-1:])
-    ch.reduction(reduction)
-    ignore_index = ch.int_attr("ignore_index", ignore_index)
+    with rules.named("cross_entropy"):
+        ops.check_logits_labels(logits, labels, weights, reduction, ignore_index)
+    ignore_index = None if ignore_index is None else operator.index(ignore_index)
     if disabled("cross_entropy"):
         return ref.cross_entropy(logits, labels, weights, ignore_index, reduction)
     return _cross_entropy(logits, labels, weights, ignore_index, reduction)

@@ -37,12 +37,22 @@ RESET_INPUT = "lazy_reset_grad"
 GROUP = "group0"  # ORT's artifacts have one optimizer group
 MOMENTS = ("momentum0", "momentum1")  # the checkpoint's names for AdamW's two moments
 
-# Optimizer ops: where their inputs sit (the importer returns the new params and moments,
-# which ORT writes in place, under these inputs' names).
-_OPTIMIZERS = {
-    "AdamWOptimizer": {"lr": 0, "step": 1, "params": 2, "grads": 3, "moments": (4, 5)},
-    "SGDOptimizerV2": {"lr": 0, "step": None, "params": 1, "grads": 2, "moments": ()},
-}
+
+
+def _optimizers() -> dict:
+    """The optimizer ops the training API runs: op_type -> the input index of each role (lr,
+    step, params, grads, moments), from the specs' `roles` (the importer returns the new
+    params and moments, which ORT writes in place, under these inputs' names)."""
+    from jaxops import ops
+
+    layouts = {}
+    for (domain, op_type), fn in ops.ORT_OPS.items():
+        spec = fn.spec
+        if spec.roles:
+            index = lambda n: None if n is None else spec.input_index(n)
+            layouts[op_type] = {role: tuple(map(index, n)) if isinstance(n, tuple) else index(n)
+                                for role, n in spec.roles.items()}
+    return layouts
 
 
 @jax.tree_util.register_dataclass
@@ -275,9 +285,10 @@ class TrainingModel:
 
 
 def _optimizer_node(model: onnx.ModelProto) -> onnx.NodeProto:
-    nodes = [n for n in model.graph.node if n.op_type in _OPTIMIZERS]
+    known = _optimizers()
+    nodes = [n for n in model.graph.node if n.op_type in known]
     if len(nodes) != 1:
-        raise ValueError(f"expected one optimizer node ({', '.join(_OPTIMIZERS)}) in the "
+        raise ValueError(f"expected one optimizer node ({', '.join(known)}) in the "
                          f"optimizer model, found {len(nodes)}")
     return nodes[0]
 
@@ -298,7 +309,7 @@ class OptimizerModel:
     def __init__(self, optimizer_model, training: TrainingModel):
         model = _model(optimizer_model)
         node = _optimizer_node(model)
-        layout = _OPTIMIZERS[node.op_type]
+        layout = _optimizers()[node.op_type]
         name = lambda i: None if i is None else node.input[i]
         self._io = {"lr": name(layout["lr"]), "step": name(layout["step"]),
                     "params": name(layout["params"]), "grads": name(layout["grads"]),

@@ -3,30 +3,10 @@ summed over. A shape computation: it runs on concrete shapes at trace time, as e
 in a jitted JAX program is static."""
 import numpy as np
 
-from jaxops.ops import _validate as v
-from jaxops.ops._args import static_inputs
+from jaxops._src.spec import define
 
 
-def _shape(label, s):
-    try:
-        a = np.asarray(s)
-    except Exception:  # noqa: BLE001 - a tracer cannot become a numpy array
-        a = None
-    if a is None or a.dtype == object or a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
-        v.fail("broadcast_gradient_args", TypeError,
-               f"{label} must be a concrete 1-D integer shape, got {s!r}")
-    if (a < 0).any():
-        v.fail("broadcast_gradient_args", ValueError, f"{label} has a negative dim: {a}")
-    return [int(d) for d in a]
-
-
-@static_inputs('a_shape', 'b_shape')
-def broadcast_gradient_args(a_shape, b_shape):
-    """ORT BroadcastGradientArgs: (a_axes, b_axes), int64, the output axes over which the
-    gradients of A and B must be summed under numpy broadcasting. As ORT, axes run from the
-    last to the first, an axis is listed for the operand whose dim is 1 (or missing) where
-    the other's is not, and equal dims (1 and 1 included) list nothing."""
-    a, b = _shape("a_shape", a_shape), _shape("b_shape", b_shape)
+def _axes(a, b):
     rank = max(len(a), len(b))
     a_axes, b_axes = [], []
     for i in reversed(range(rank)):
@@ -39,11 +19,30 @@ def broadcast_gradient_args(a_shape, b_shape):
         elif db == 1:
             b_axes.append(i)
         else:
-            v.fail("broadcast_gradient_args", ValueError,
-                   f"shapes {a} and {b} do not broadcast (axis {i}: {da} vs {db})")
+            raise ValueError(f"shapes {list(a)} and {list(b)} do not broadcast "
+                             f"(axis {i}: {da} vs {db})")
     return np.asarray(a_axes, np.int64), np.asarray(b_axes, np.int64)
 
 
-__all__ = ["broadcast_gradient_args"]
+def _check(a_shape, b_shape):
+    for label, shape in (("a_shape", a_shape), ("b_shape", b_shape)):
+        if any(d < 0 for d in shape):
+            raise ValueError(f"{label} has a negative dim: {list(shape)}")
+    _axes(a_shape, b_shape)  # shapes that do not broadcast: refused here, naming the op
 
-ORT_OPS = {("com.microsoft", "BroadcastGradientArgs"): broadcast_gradient_args}
+
+broadcast_gradient_args = define(
+    "broadcast_gradient_args", ort=("com.microsoft", "BroadcastGradientArgs"),
+    inputs=("a_shape: static", "b_shape: static"), outputs=("a_axes", "b_axes"),
+    check=_check, reference=_axes,
+    doc="""ORT BroadcastGradientArgs: (a_axes, b_axes), int64, the output axes over which the
+    gradients of A and B must be summed under numpy broadcasting. As ORT, axes run from the
+    last to the first, an axis is listed for the operand whose dim is 1 (or missing) where
+    the other's is not, and equal dims (1 and 1 included) list nothing.
+
+    a_shape and b_shape are static (tuples, lists, numpy or concrete jax arrays); the axes
+    come back as numpy arrays, static too.""",
+    no_matrix="a host shape computation: static int inputs and numpy outputs, nothing to "
+              "differentiate, batch or shard")
+
+__all__ = ["broadcast_gradient_args"]

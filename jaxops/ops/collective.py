@@ -26,11 +26,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxops._src.compat import mark_varying, varying_axes
+from jaxops._src.spec import define
 
 GROUP_AXES = {0: "data", 1: "model"}
 _axes = contextvars.ContextVar("jaxops_group_axes", default=None)
-_FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 _SLICE = 32  # ORT pads the fused buffer to a multiple of world_size * 32 elements
+_MS = "com.microsoft"
+# why no collective has a row in the generic transformation matrix (tests/test_op_matrix.py)
+_NO_MATRIX = ("a collective over a named mesh axis: it runs only inside jax.shard_map/pmap "
+              "with that axis bound, which the generic matrix does not set up; "
+              "tests/test_collective.py checks it per rank, with check_grads and vmap there")
 
 
 @contextlib.contextmanager
@@ -54,44 +59,49 @@ def axis_for(group_type: int, axis_name=None):
     return mapping[group_type]
 
 
-def _check(op, inputs, same_dtype=True):
-    if not inputs:
-        raise ValueError(f"jaxops.ops.{op}: needs at least one input")
-    inputs = [jnp.asarray(x) for x in inputs]
-    for x in inputs:
-        if x.dtype not in _FLOATS:
-            raise TypeError(f"jaxops.ops.{op}: inputs must be float16, bfloat16, float32 or "
-                            f"float64, got {x.dtype}")
-    if same_dtype and len({x.dtype for x in inputs}) > 1:
-        raise TypeError(f"jaxops.ops.{op}: ORT packs the inputs into one buffer of one type; "
-                        f"got {sorted({str(x.dtype) for x in inputs})}")
-    return inputs
-
-
-def _axis_size(op, axis):
+def _axis_size(axis):
     try:
         return lax.axis_size(axis)
     except NameError as e:
-        raise ValueError(f"jaxops.ops.{op}: mesh axis {axis!r} is not bound; call it inside "
-                         "jax.shard_map (or pmap) over a mesh with that axis") from e
+        raise ValueError(f"mesh axis {axis!r} is not bound; call it inside jax.shard_map (or "
+                         "pmap) over a mesh with that axis") from e
+
+
+def _group(inputs, group_type, axis_name, one_buffer):
+    """The checks every collective shares: at least one input (ORT's packed ones of one dtype),
+    a group whose mesh axis is bound. Returns (axis, world size)."""
+    if not inputs:
+        raise ValueError("needs at least one input")
+    if one_buffer and len({x.dtype for x in inputs}) > 1:
+        raise TypeError(f"ORT packs the inputs into one buffer of one type; got "
+                        f"{sorted({str(x.dtype) for x in inputs})}")
+    axis = axis_for(group_type, axis_name)
+    return axis, _axis_size(axis)
 
 
 def _result(outputs):
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def nccl_all_reduce(*inputs, group_type=0, axis_name=None):
-    """Sum of each input over the group (no averaging). One all-reduce for all inputs."""
-    inputs = _check("nccl_all_reduce", inputs, same_dtype=False)
-    axis = axis_for(group_type, axis_name)
-    _axis_size("nccl_all_reduce", axis)
-    return _result(list(lax.psum(tuple(inputs), axis)))
+def _all_reduce_check(*input, group_type, axis_name):
+    _group(input, group_type, axis_name, one_buffer=False)
 
 
-def _layout(op, inputs, world):
+def _all_reduce(*input, group_type, axis_name):
+    return _result(list(lax.psum(tuple(input), axis_for(group_type, axis_name))))
+
+
+nccl_all_reduce = define(
+    "nccl_all_reduce", ort=(_MS, "NcclAllReduce"), inputs=("*input: float",),
+    outputs=("output",), attrs={"group_type": 0}, options={"axis_name": None},
+    check=_all_reduce_check, reference=_all_reduce, no_matrix=_NO_MATRIX,
+    doc="""Sum of each input over the group (no averaging). One all-reduce for all inputs.""")
+
+
+def _layout(inputs, world):
     """ORT's fused layout: the inputs back to back, padded to world * 32 * k elements; rank r
     owns elements [r * per_rank, (r + 1) * per_rank); a tensor belongs to the rank where it
-    starts and must end there too."""
+    starts and must end there too. Returns (per_rank, starts, sizes)."""
     sizes = [int(x.size) for x in inputs]
     total = sum(sizes)
     per_rank = max(1, math.ceil(total / (world * _SLICE))) * _SLICE
@@ -99,41 +109,61 @@ def _layout(op, inputs, world):
     for i, (s, n) in enumerate(zip(starts, sizes)):
         owner = s // per_rank
         if n and (s + n - 1) // per_rank != owner:
-            raise ValueError(f"jaxops.ops.{op}: input {i} ({n} elements at offset {s}) straddles "
-                             f"the ranges of ranks {owner} and {(s + n - 1) // per_rank} "
-                             f"({per_rank} elements each); ORT requires each tensor to lie in "
-                             "one rank's range")
+            raise ValueError(f"input {i} ({n} elements at offset {s}) straddles the ranges of "
+                             f"ranks {owner} and {(s + n - 1) // per_rank} ({per_rank} elements "
+                             "each); ORT requires each tensor to lie in one rank's range")
+    return per_rank, starts, sizes
+
+
+def _packed(inputs, group_type, axis_name):
+    axis = axis_for(group_type, axis_name)
+    world = lax.axis_size(axis)
+    per_rank, starts, sizes = _layout(inputs, world)
     buffer = jnp.concatenate([x.ravel() for x in inputs]
-                             + [jnp.zeros(world * per_rank - total, inputs[0].dtype)])
-    return buffer, per_rank, starts, sizes
+                             + [jnp.zeros(world * per_rank - sum(sizes), inputs[0].dtype)])
+    return axis, buffer, per_rank, starts, sizes
 
 
 def _unpack(buffer, inputs, starts, sizes):
     return [buffer[s:s + n].reshape(x.shape) for x, s, n in zip(inputs, starts, sizes)]
 
 
-def nccl_all_gather(*inputs, group_type=0, axis_name=None):
-    """Every output i takes input i's value from the rank whose range holds tensor i (ORT's
-    ZeRO layout, see `_layout`): one all-gather of the packed buffer."""
-    inputs = _check("nccl_all_gather", inputs)
-    axis = axis_for(group_type, axis_name)
-    world = _axis_size("nccl_all_gather", axis)
-    buffer, per_rank, starts, sizes = _layout("nccl_all_gather", inputs, world)
+def _packed_check(*input, group_type, axis_name):
+    _, world = _group(input, group_type, axis_name, one_buffer=True)
+    _layout(input, world)
+
+
+def _all_gather(*input, group_type, axis_name):
+    axis, buffer, per_rank, starts, sizes = _packed(input, group_type, axis_name)
     mine = lax.dynamic_slice_in_dim(buffer, lax.axis_index(axis) * per_rank, per_rank)
     full = lax.all_gather(mine, axis, tiled=True)
-    return _result(_unpack(full, inputs, starts, sizes))
+    return _result(_unpack(full, input, starts, sizes))
 
 
-def nccl_reduce_scatter(*inputs, group_type=0, axis_name=None):
-    """Tensors in this rank's range of the packed buffer receive their sum over the group;
-    every other output is a copy of its input (ORT's semantics): one reduce-scatter."""
-    inputs = _check("nccl_reduce_scatter", inputs)
-    axis = axis_for(group_type, axis_name)
-    world = _axis_size("nccl_reduce_scatter", axis)
-    buffer, per_rank, starts, sizes = _layout("nccl_reduce_scatter", inputs, world)
+nccl_all_gather = define(
+    "nccl_all_gather", ort=(_MS, "NcclAllGather"), inputs=("*input: float",),
+    outputs=("output",), attrs={"group_type": 0}, options={"axis_name": None},
+    check=_packed_check, reference=_all_gather, no_matrix=_NO_MATRIX,
+    doc="""Every output i takes input i's value from the rank whose range holds tensor i (ORT's
+    ZeRO layout: the inputs packed back to back, padded to world * 32 * k elements, rank r
+    owning elements [r * per_rank, (r + 1) * per_rank); a tensor must lie in one rank's
+    range): one all-gather of the packed buffer.""")
+
+
+def _reduce_scatter(*input, group_type, axis_name):
+    axis, buffer, per_rank, starts, sizes = _packed(input, group_type, axis_name)
     summed = lax.psum_scatter(buffer, axis, tiled=True)
     full = lax.dynamic_update_slice_in_dim(buffer, summed, lax.axis_index(axis) * per_rank, 0)
-    return _result(_unpack(full, inputs, starts, sizes))
+    return _result(_unpack(full, input, starts, sizes))
+
+
+nccl_reduce_scatter = define(
+    "nccl_reduce_scatter", ort=(_MS, "NcclReduceScatter"), inputs=("*input: float",),
+    outputs=("output",), attrs={"group_type": 0}, options={"axis_name": None},
+    check=_packed_check, reference=_reduce_scatter, no_matrix=_NO_MATRIX,
+    doc="""Tensors in this rank's range of the packed buffer (ORT's layout, as in
+    nccl_all_gather) receive their sum over the group; every other output is a copy of its
+    input (ORT's semantics): one reduce-scatter.""")
 
 
 @functools.cache
@@ -159,22 +189,26 @@ def _megatron(axis, forward_sum: bool, vma: frozenset):
     return f
 
 
-def megatron_f(input, *, axis_name=None):
-    """Megatron's f: identity forward, all-reduce (sum) of the gradient over the horizontal
-    (tensor-parallel) group, ORT's group 1."""
-    (input,) = _check("megatron_f", [input])
-    axis = axis_for(1, axis_name)
-    _axis_size("megatron_f", axis)
-    return _megatron(axis, False, varying_axes(input))(input)
+megatron_f = define(
+    "megatron_f", ort=(_MS, "MegatronF"), inputs=("input: float",), outputs=("output",),
+    options={"axis_name": None},
+    check=lambda input, *, axis_name: _group([input], 1, axis_name, one_buffer=False),
+    reference=lambda input, *, axis_name: _megatron(
+        axis_for(1, axis_name), False, varying_axes(input))(input),
+    no_matrix=_NO_MATRIX,
+    doc="""Megatron's f: identity forward, all-reduce (sum) of the gradient over the horizontal
+    (tensor-parallel) group, ORT's group 1.""")
 
-
-def megatron_g(input, *, group_type=0, axis_name=None):
-    """Megatron's g: all-reduce (sum) forward over the group, identity gradient. (ORT's
-    graph transformer sets group_type=1, the horizontal group; the schema default is 0.)"""
-    (input,) = _check("megatron_g", [input])
-    axis = axis_for(group_type, axis_name)
-    _axis_size("megatron_g", axis)
-    return _megatron(axis, True, varying_axes(input))(input)
+megatron_g = define(
+    "megatron_g", ort=(_MS, "MegatronG"), inputs=("input: float",), outputs=("output",),
+    attrs={"group_type": 0}, options={"axis_name": None},
+    check=lambda input, *, group_type, axis_name: _group([input], group_type, axis_name,
+                                                         one_buffer=False),
+    reference=lambda input, *, group_type, axis_name: _megatron(
+        axis_for(group_type, axis_name), True, varying_axes(input))(input),
+    no_matrix=_NO_MATRIX,
+    doc="""Megatron's g: all-reduce (sum) forward over the group, identity gradient. (ORT's
+    graph transformer sets group_type=1, the horizontal group; the schema default is 0.)""")
 
 
 def _adasum_pair(a, b):
@@ -188,22 +222,19 @@ def _adasum_pair(a, b):
     return (ca * a32 + cb * b32).astype(a.dtype)
 
 
-def adasum_all_reduce(*inputs, reduce_algo=0, axis_name=None):
-    """Adasum (adaptive summation) of each input over the data-parallel group: a butterfly of
-    log2(world) pairwise exchanges (ppermute), each combining two ranks' tensors with
-    `_adasum_pair`, lower rank first. Needs a power-of-two group. reduce_algo 0/1 (ORT's
-    CPU / GPU transports) compute the same math; 2 (hierarchical: NCCL within a node first)
-    needs node boundaries jaxops does not know and is refused."""
-    inputs = _check("adasum_all_reduce", inputs, same_dtype=False)
+def _adasum_check(*input, reduce_algo, axis_name):
     if reduce_algo not in (0, 1):
-        raise ValueError(f"jaxops.ops.adasum_all_reduce: reduce_algo {reduce_algo} is not "
-                         "supported (0 and 1 are; 2, hierarchical, is not)")
-    axis = axis_for(0, axis_name)
-    world = _axis_size("adasum_all_reduce", axis)
+        raise ValueError(f"reduce_algo {reduce_algo} is not supported (0 and 1 are; 2, "
+                         "hierarchical, is not)")
+    _, world = _group(input, 0, axis_name, one_buffer=False)
     if world & (world - 1):
-        raise ValueError(f"jaxops.ops.adasum_all_reduce: the group has {world} ranks; "
-                         "Adasum needs a power of two")
-    out = list(inputs)
+        raise ValueError(f"the group has {world} ranks; Adasum needs a power of two")
+
+
+def _adasum(*input, reduce_algo, axis_name):
+    axis = axis_for(0, axis_name)
+    world = lax.axis_size(axis)
+    out = list(input)
     distance = 1
     while distance < world:
         perm = [(r, r ^ distance) for r in range(world)]
@@ -216,15 +247,16 @@ def adasum_all_reduce(*inputs, reduce_algo=0, axis_name=None):
     return _result(out)
 
 
+adasum_all_reduce = define(
+    "adasum_all_reduce", ort=(_MS, "AdasumAllReduce"), inputs=("*input: float",),
+    outputs=("output",), attrs={"reduce_algo": 0}, options={"axis_name": None},
+    check=_adasum_check, reference=_adasum, no_matrix=_NO_MATRIX,
+    doc="""Adasum (adaptive summation) of each input over the data-parallel group: a butterfly of
+    log2(world) pairwise exchanges (ppermute), each combining two ranks' tensors with
+    `_adasum_pair`, lower rank first. Needs a power-of-two group. reduce_algo 0/1 (ORT's
+    CPU / GPU transports) compute the same math; 2 (hierarchical: NCCL within a node first)
+    needs node boundaries jaxops does not know and is refused.""")
+
+
 __all__ = ["GROUP_AXES", "adasum_all_reduce", "axis_for", "group_axes", "megatron_f",
            "megatron_g", "nccl_all_gather", "nccl_all_reduce", "nccl_reduce_scatter"]
-
-_MS = "com.microsoft"
-ORT_OPS = {
-    (_MS, "NcclAllReduce"): nccl_all_reduce,
-    (_MS, "NcclAllGather"): nccl_all_gather,
-    (_MS, "NcclReduceScatter"): nccl_reduce_scatter,
-    (_MS, "MegatronF"): megatron_f,
-    (_MS, "MegatronG"): megatron_g,
-    (_MS, "AdasumAllReduce"): adasum_all_reduce,
-}

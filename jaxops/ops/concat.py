@@ -19,9 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops._src import rules
 from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
-from jaxops.ops._args import named, static_ints, static_inputs
+from jaxops._src.spec import REQUIRED, Matrix, define
 from jaxops.reference import concat as ref
+
+_MS = "com.microsoft"
 
 _DTYPES = tuple(np.dtype(d) for d in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
@@ -29,15 +32,10 @@ _DTYPES = tuple(np.dtype(d) for d in (
 
 
 def _check_axis(axis, ndim):
-    try:
-        axis = operator.index(axis)
-    except TypeError:
-        raise TypeError(f"axis must be an int, got {axis!r}") from None
+    rules.integer("axis", axis)
     if ndim == 0:
         raise ValueError("inputs must have rank >= 1, got a scalar")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for rank {ndim}")
-    return axis % ndim
+    return rules.axis(axis, ndim)
 
 
 def _check_dtype(x, label):
@@ -160,38 +158,58 @@ def _split_transpose(op, cts, x, *, sizes, axis):
 _CONCAT = Op("concat_training", shape=_concat_shape, reference=ref.concat, batch=_concat_batch,
              target="jaxops_concat_training",
              ffi_attrs=lambda *xs, axis: {"axis": np.int64(axis % xs[0].ndim)},
-             factors=_concat_factors, jvp=_concat_jvp, transpose=_concat_transpose)
+             factors=_concat_factors, jvp=_concat_jvp, transpose=_concat_transpose,
+             # H100: XLA's concatenate won at every bench shape (0.67-0.92x for the kernel,
+             # docs/performance.md), and inside a jitted step it fuses with its producers
+             xla_when=lambda platform, *avals, axis: platform == "cuda")
 _SPLIT = Op("split_training", shape=_split_shape, reference=ref.split, batch=_split_batch,
             target="jaxops_split_training",
             ffi_attrs=lambda x, *, sizes, axis: {"axis": np.int64(axis % x.ndim)},
             factors=_split_factors, jvp=_split_jvp, transpose=_split_transpose,
-            multiple_results=True)
+            multiple_results=True,
+            # H100 [4096,8192] in 8 pieces: the kernel wins in f32 (1.09x XLA), XLA in bf16
+            # (0.93x; docs/performance.md)
+            xla_when=lambda platform, x, *, sizes, axis: platform == "cuda"
+            and np.dtype(x.dtype).itemsize < 4)
 
 
-def concat_training(*inputs, axis):
-    """ORT ConcatTraining: (concat_result, per_input_length).
+def _lengths(inputs, axis):
+    axis = operator.index(axis) % inputs[0].ndim
+    return np.array([x.shape[axis] for x in inputs], np.int64)
+
+
+def _pieces(widths):
+    """Matrix inputs: pieces of the given widths along the last dim."""
+    return lambda rng, shape, dtype: tuple(
+        jnp.asarray(rng.standard_normal((*shape, w)), dtype) for w in widths)
+
+
+concat_training = define(
+    "concat_training", ort=(_MS, "ConcatTraining"), inputs=("*inputs",),
+    outputs=("concat_result", "per_input_length"), attrs={"axis": REQUIRED},
+    check=lambda *inputs, axis: _CONCAT.check(*inputs, axis=axis),
+    kernel=lambda *inputs, axis: (_CONCAT.bind(*inputs, axis=axis), _lengths(inputs, axis)),
+    reference=lambda *inputs, axis: (ref.concat(*inputs, axis=axis), _lengths(inputs, axis)),
+    doc="""ORT ConcatTraining: (concat_result, per_input_length).
 
     concat_result joins `inputs` along `axis` (required, negative allowed); per_input_length
     is each input's extent along `axis`, a numpy int64 array of shape [len(inputs)] (static:
     it is known at trace time and feeds SplitTraining).
-    """
-    out = _CONCAT(*inputs, axis=axis)
-    axis = operator.index(axis) % out.ndim
-    lengths = np.array([jnp.shape(x)[axis] for x in inputs], np.int64)
-    return out, lengths
+    """,
+    matrix=Matrix(_pieces((2, 3)), attrs={"axis": -1}, grad=(0, 1)))
 
 
-def _static_sizes(split, extent, num_outputs):
+def _sizes(x, split, axis, num_outputs):
     """The output extents from ORT's `split` input (static) and the output count."""
-    sizes = static_ints([] if split is None else split, "split")
+    extent = x.shape[_check_axis(axis, x.ndim)]
     if num_outputs is not None:
-        num_outputs = operator.index(num_outputs)
+        num_outputs = rules.integer("num_outputs", num_outputs)
         if num_outputs < 1:
             raise ValueError(f"num_outputs must be >= 1, got {num_outputs}")
-        if sizes and len(sizes) != num_outputs:
-            raise ValueError(f"split has {len(sizes)} entries but num_outputs is {num_outputs}")
-    if sizes:
-        return sizes
+        if split and len(split) != num_outputs:
+            raise ValueError(f"split has {len(split)} entries but num_outputs is {num_outputs}")
+    if split:
+        return split
     if num_outputs is None:
         raise ValueError("an empty split needs num_outputs (ORT: the node's output count)")
     if extent % num_outputs:
@@ -202,23 +220,28 @@ def _static_sizes(split, extent, num_outputs):
     return (extent // num_outputs,) * num_outputs
 
 
-@static_inputs('split')
-def split_training(input, split, axis=0, num_outputs=None):
-    """ORT SplitTraining: `input` cut along `axis` into pieces of extents `split`.
+def _check_split(input, split, *, axis, num_outputs):
+    _SPLIT.check(input, sizes=_sizes(input, split, axis, num_outputs), axis=axis)
+
+
+def _split(run):
+    return lambda input, split, *, axis, num_outputs: run(
+        input, sizes=_sizes(input, split, axis, num_outputs), axis=axis)
+
+
+split_training = define(
+    "split_training", ort=(_MS, "SplitTraining"), inputs=("input", "split: static"),
+    outputs=("outputs",), attrs={"axis": 0}, options={"num_outputs": None},
+    check=_check_split, kernel=_split(_SPLIT.bind), reference=_split(ref.split),
+    # an empty split needs ORT's output count, the node's: the importer passes it
+    graph=lambda ctx, input, split: {} if np.size(split) else {"num_outputs": ctx.num_outputs},
+    doc="""ORT SplitTraining: `input` cut along `axis` into pieces of extents `split`.
 
     `split` is ORT's int64 input, static here (see the module docstring). An empty `split`
-    (or None) means `num_outputs` equal parts; an extent that does not divide evenly is an
-    error, as in ORT's kernel. Returns a tuple of the pieces.
-    """
-    x = jnp.asarray(input)
-    with named("split_training"):
-        sizes = _static_sizes(split, x.shape[_check_axis(axis, x.ndim)], num_outputs)
-    return _SPLIT(x, sizes=sizes, axis=axis)
+    means `num_outputs` equal parts (ORT: the node's output count); an extent that does not
+    divide evenly is an error, as in ORT's kernel. Returns a tuple of the pieces.
+    """,
+    matrix=Matrix(_pieces((5,)), attrs={"split": (2, 3), "axis": -1}, grad=(0,)))
 
 
 __all__ = ["concat_training", "split_training"]
-
-ORT_OPS = {
-    ("com.microsoft", "ConcatTraining"): concat_training,
-    ("com.microsoft", "SplitTraining"): split_training,
-}

@@ -19,28 +19,32 @@ gradient is 0.5, measured); a value that does not broadcast that way is an error
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.ops._args import check_flag, check_float, named
+from jaxops._src import rules
+from jaxops._src.spec import Matrix, define
 from jaxops.reference import control as ref
 
+_MS = "com.microsoft"
 
-def zero_gradient(old_gradient, reset_signal):
-    """ORT ZeroGradient: zeros shaped like old_gradient. reset_signal (any tensor) only
+
+def _normal(rng, shape, dtype):
+    return jnp.asarray(rng.standard_normal(shape), dtype)
+
+
+def _flag(rng):
+    return jnp.asarray([rng.uniform() < 0.5])
+
+
+zero_gradient = define(
+    "zero_gradient", ort=(_MS, "ZeroGradient"), inputs=("old_gradient: float", "reset_signal"),
+    outputs=("zero_gradient",), in_place={0: 0}, reference=ref.zero_gradient,
+    doc="""ORT ZeroGradient: zeros shaped like old_gradient. reset_signal (any tensor) only
     orders the op in ORT's graph; JAX orders by data flow, so it is not used. XLA code: a
-    constant fill that XLA fuses or folds."""
-    old_gradient, reset_signal = jnp.asarray(old_gradient), jnp.asarray(reset_signal)
-    with named("zero_gradient"):
-        check_float(old_gradient, "old_gradient")
-    return ref.zero_gradient(old_gradient, reset_signal)
-
-
-def _check_accumulate(buffer, value, flag, names):
-    check_float(buffer, names[0])
-    check_float(value, names[1])
-    if buffer.shape != value.shape and not _broadcasts(buffer.shape, value.shape):
-        raise ValueError(f"{names[1]} must have {names[0]}'s shape, or one that shape "
-                         f"broadcasts to, got {buffer.shape} and {value.shape}")
-    if flag is not None:
-        check_flag(flag, names[2])
+    constant fill that XLA fuses or folds.""",
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, shape, dtype), _flag(rng)),
+                  grad=(0,), shard=False,
+                  skip="the zeros are a constant fill that reads nothing of old_gradient: XLA "
+                       "places them replicated (jax 0.12 has no shard_alike); "
+                       "tests/test_control.py checks a sharded input is not gathered"))
 
 
 def _broadcasts(shape, to) -> bool:
@@ -50,22 +54,42 @@ def _broadcasts(shape, to) -> bool:
         return False
 
 
-def in_place_accumulator(old_sum, value, update_signal=None):
-    """ORT InPlaceAccumulator: new_sum = old_sum + value (value cast to old_sum's dtype), or
+def _accumulate_check(names):
+    """The accumulators' rule: value of the buffer's shape, or of one that shape broadcasts
+    to; a flag of one bool element."""
+    def check(buffer, value, flag):
+        if buffer.shape != value.shape and not _broadcasts(buffer.shape, value.shape):
+            raise ValueError(f"{names[1]} must have {names[0]}'s shape, or one that shape "
+                             f"broadcasts to, got {buffer.shape} and {value.shape}")
+        if flag is not None:
+            rules.flag(names[2], flag)
+    return check
+
+
+def _accumulate_inputs(rng, shape, dtype):
+    return _normal(rng, shape, dtype), _normal(rng, shape, dtype), _flag(rng)
+
+
+in_place_accumulator = define(
+    "in_place_accumulator", ort=(_MS, "InPlaceAccumulator"),
+    inputs=("old_sum: float", "value: float", "update_signal?: bool"), outputs=("new_sum",),
+    in_place={0: 0}, check=_accumulate_check(("old_sum", "value", "update_signal")),
+    reference=ref.in_place_accumulator,
+    doc="""ORT InPlaceAccumulator: new_sum = old_sum + value (value cast to old_sum's dtype), or
     old_sum unchanged when update_signal (bool, one element) is false. XLA code: one fused
     elementwise add (see the module docstring for in-place use).
 
     A value of a shape that old_sum's shape broadcasts to is first summed over the broadcast
-    dims (module docstring: a deliberate difference from ORT 1.19.2)."""
-    old_sum, value = jnp.asarray(old_sum), jnp.asarray(value)
-    update_signal = None if update_signal is None else jnp.asarray(update_signal)
-    with named("in_place_accumulator"):
-        _check_accumulate(old_sum, value, update_signal, ("old_sum", "value", "update_signal"))
-    return ref.in_place_accumulator(old_sum, value, update_signal)
+    dims (module docstring: a deliberate difference from ORT 1.19.2).""",
+    matrix=Matrix(_accumulate_inputs, grad=(0, 1)))
 
-
-def in_place_accumulator_v2(accumulation_buffer, value, overwrite_flag=None):
-    """ORT InPlaceAccumulatorV2: (updated_flag, accumulation_buffer_out).
+in_place_accumulator_v2 = define(
+    "in_place_accumulator_v2", ort=(_MS, "InPlaceAccumulatorV2"),
+    inputs=("accumulation_buffer: float", "value: float", "overwrite_flag?: bool"),
+    outputs=("updated_flag", "accumulation_buffer_out"), in_place={0: 1},
+    check=_accumulate_check(("accumulation_buffer", "value", "overwrite_flag")),
+    reference=ref.in_place_accumulator_v2,
+    doc="""ORT InPlaceAccumulatorV2: (updated_flag, accumulation_buffer_out).
 
     accumulation_buffer_out = value when overwrite_flag (bool, one element) is true, else
     accumulation_buffer + value (value cast to the buffer's dtype; absent flag: accumulate).
@@ -74,40 +98,33 @@ def in_place_accumulator_v2(accumulation_buffer, value, overwrite_flag=None):
 
     A value of a shape that the buffer's shape broadcasts to is first summed over the
     broadcast dims (module docstring: a deliberate difference from ORT 1.19.2).
-    """
-    accumulation_buffer, value = jnp.asarray(accumulation_buffer), jnp.asarray(value)
-    overwrite_flag = None if overwrite_flag is None else jnp.asarray(overwrite_flag)
-    with named("in_place_accumulator_v2"):
-        _check_accumulate(accumulation_buffer, value, overwrite_flag,
-                          ("accumulation_buffer", "value", "overwrite_flag"))
-    return ref.in_place_accumulator_v2(accumulation_buffer, value, overwrite_flag)
+    """,
+    matrix=Matrix(_accumulate_inputs, grad=(0, 1), shard=False,
+                  skip="the first output is ORT's bool [1] flag; tests/test_control.py checks "
+                       "that the buffer stays sharded with no gather"))
 
 
-def group(*input_tensors):
-    """ORT Group: a bool [1] true once every input is computed (ORT 1.19.2's shape; its
-    schema says scalar). XLA code: an optimization barrier over the inputs and the flag."""
-    input_tensors = [jnp.asarray(x) for x in input_tensors]
-    if not input_tensors:
-        raise ValueError("jaxops.ops.group: needs at least one input")
-    return ref.group(*input_tensors)
+def _need(*xs):
+    if not xs:
+        raise ValueError("needs at least one input")
 
 
-def pass_through(*inputs):
-    """ORT PassThrough: the inputs unchanged, as a tuple, through an XLA optimization barrier
-    (a scheduling barrier, as in ORT's pipeline graphs; no copy)."""
-    inputs = [jnp.asarray(x) for x in inputs]
-    if not inputs:
-        raise ValueError("jaxops.ops.pass_through: needs at least one input")
-    return ref.pass_through(*inputs)
+group = define(
+    "group", ort=(_MS, "Group"), inputs=("*input_tensors",), outputs=("done",), check=_need,
+    reference=ref.group,
+    doc="""ORT Group: a bool [1] true once every input is computed (ORT 1.19.2's shape; its
+    schema says scalar). XLA code: an optimization barrier over the inputs and the flag.""",
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, shape, dtype),
+                                             jnp.asarray(rng.integers(0, 9, shape), jnp.int32)),
+                  shard=False, skip="the output is one bool [1]: nothing to shard"))
 
+pass_through = define(
+    "pass_through", ort=(_MS, "PassThrough"), inputs=("*inputs",), outputs=("*outputs",),
+    check=_need, reference=ref.pass_through,
+    doc="""ORT PassThrough: the inputs unchanged, as a tuple, through an XLA optimization
+    barrier (a scheduling barrier, as in ORT's pipeline graphs; no copy).""",
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, shape, dtype),
+                                             _normal(rng, shape[:1], dtype)), grad=(0, 1)))
 
 __all__ = ["group", "in_place_accumulator", "in_place_accumulator_v2", "pass_through",
            "zero_gradient"]
-
-ORT_OPS = {
-    ("com.microsoft", "ZeroGradient"): zero_gradient,
-    ("com.microsoft", "InPlaceAccumulator"): in_place_accumulator,
-    ("com.microsoft", "InPlaceAccumulatorV2"): in_place_accumulator_v2,
-    ("com.microsoft", "Group"): group,
-    ("com.microsoft", "PassThrough"): pass_through,
-}

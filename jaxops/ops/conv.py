@@ -12,67 +12,69 @@ convolutions; dB = sum of dY over batch and spatial dims. f16/bf16 convolve with
 accumulation and are rounded once.
 
 Being XLA code, both ops support jit, vmap, gradients of any order and sharding (a
-batch-sharded dY/X gives dW and dB by an all-reduce, never an all-gather) with no extra rules.
+batch-sharded dY/X gives dW and dB by an all-reduce, never an all-gather) with no extra rules,
+except that XLA's SPMD partitioner all-gathers a batch-sharded operand of a grouped
+convolution (group > 1; jax 0.12, as for a plain lax.conv_general_dilated forward).
 """
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxops._src import geometry
+from jaxops._src import geometry, rules
 from jaxops._src.compat import mark_varying, varying_axes
-from jaxops.ops import _validate as v
+from jaxops._src.spec import Matrix, define
 
 _AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
 
-def _ints(op, label, value, n, default):
+def _ints(label, value, n, default):
     if value is None:
         return (default,) * n
     try:
-        out = tuple(v.integer(op, label, i) for i in value)
+        out = tuple(rules.integer(label, i) for i in value)
     except TypeError:
-        v.fail(op, TypeError, f"{label} must be a sequence of ints, got {value!r}")
+        raise TypeError(f"{label} must be a sequence of ints, got {value!r}") from None
     if len(out) != n:
-        v.fail(op, ValueError, f"{label} must have {n} entries, got {len(out)}")
+        raise ValueError(f"{label} must have {n} entries, got {len(out)}")
     return out
 
 
-def _auto_pad(op, auto_pad):
+def _auto_pad(auto_pad):
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()
     if auto_pad not in _AUTO_PADS:
-        v.fail(op, ValueError, f"auto_pad must be one of {_AUTO_PADS}, got {auto_pad!r}")
+        raise ValueError(f"auto_pad must be one of {_AUTO_PADS}, got {auto_pad!r}")
     return auto_pad
 
 
 class _Attrs:
-    """The Conv/ConvTranspose attributes, checked against X and W."""
+    """The Conv/ConvTranspose attributes, checked against X and W (plain TypeError/ValueError:
+    the op's public function names the op)."""
 
-    def __init__(self, op, X, W, *, auto_pad, dilations, group, kernel_shape, pads, strides,
+    def __init__(self, X, W, *, auto_pad, dilations, group, kernel_shape, pads, strides,
                  transpose):
         if X.ndim not in (3, 4, 5):
-            v.fail(op, ValueError, f"X must be N, C and 1 to 3 spatial dims, got shape {X.shape}")
+            raise ValueError(f"X must be N, C and 1 to 3 spatial dims, got shape {X.shape}")
         if W.ndim != X.ndim:
-            v.fail(op, ValueError, f"W must have X's rank {X.ndim}, got shape {W.shape}")
+            raise ValueError(f"W must have X's rank {X.ndim}, got shape {W.shape}")
         n = X.ndim - 2
         self.n = n
-        self.auto_pad = _auto_pad(op, auto_pad)
-        self.group = v.integer(op, "group", group)
-        self.dilations = _ints(op, "dilations", dilations, n, 1)
-        self.strides = _ints(op, "strides", strides, n, 1)
-        self.pads = _ints(op, "pads", pads, 2 * n, 0)
+        self.auto_pad = _auto_pad(auto_pad)
+        self.group = rules.integer("group", group)
+        self.dilations = _ints("dilations", dilations, n, 1)
+        self.strides = _ints("strides", strides, n, 1)
+        self.pads = _ints("pads", pads, 2 * n, 0)
         self.kernel = tuple(W.shape[2:])
-        if kernel_shape is not None and _ints(op, "kernel_shape", kernel_shape, n, 0) != self.kernel:
-            v.fail(op, ValueError, f"kernel_shape {tuple(kernel_shape)} differs from W's "
-                                   f"spatial shape {self.kernel}")
+        if kernel_shape is not None and _ints("kernel_shape", kernel_shape, n, 0) != self.kernel:
+            raise ValueError(f"kernel_shape {tuple(kernel_shape)} differs from W's spatial "
+                             f"shape {self.kernel}")
         if self.group < 1 or min(self.strides + self.dilations) < 1 or min(self.pads) < 0:
-            v.fail(op, ValueError, "group, strides and dilations must be >= 1 and pads >= 0")
+            raise ValueError("group, strides and dilations must be >= 1 and pads >= 0")
         c_in = X.shape[1]
         w_in = W.shape[0] if transpose else W.shape[1] * self.group
-        if c_in != w_in or c_in % self.group or (transpose and W.shape[0] % self.group) or (
-                not transpose and W.shape[0] % self.group):
-            v.fail(op, ValueError, f"channels do not match: X {X.shape}, W {W.shape}, "
-                                   f"group {self.group}")
+        if c_in != w_in or c_in % self.group or W.shape[0] % self.group:
+            raise ValueError(f"channels do not match: X {X.shape}, W {W.shape}, "
+                             f"group {self.group}")
         self.effective = tuple(geometry.windows(self.kernel, self.dilations))
 
     def conv_padding(self, spatial):
@@ -90,7 +92,7 @@ def _conv(x, w, attrs, padding, *, lhs_dilation=None):
     """The forward convolution in x's dtype, accumulating f16/bf16 in f32. (The operands are
     cast up rather than given preferred_element_type: jax 0.8 cannot transpose that.)"""
     dtype = x.dtype
-    acc = v.compute_dtype(dtype)
+    acc = rules.compute_dtype(dtype)
     y = lax.conv_general_dilated(
         x.astype(acc), w.astype(acc),
         window_strides=attrs.strides if lhs_dilation is None else (1,) * attrs.n,
@@ -100,16 +102,9 @@ def _conv(x, w, attrs, padding, *, lhs_dilation=None):
     return y.astype(dtype)
 
 
-def _check_dy(op, dY, expected):
-    if tuple(dY.shape) != tuple(expected.shape):
-        v.fail(op, ValueError, f"dY must have the forward output's shape {tuple(expected.shape)},"
-                               f" got {dY.shape}")
-
-
-def _grads(op, dY, X, W, forward, wanted):
+def _grads(dY, X, W, forward, wanted):
     """(dX, dW, dB) of y = forward(X, W), each only if wanted."""
     want_x, want_w, want_b = wanted
-    _check_dy(op, dY, jax.eval_shape(forward, X, W))
     # inside shard_map, transposing needs dY typed as varying over every mesh axis the
     # forward's output varies over (and the operands over dY's)
     axes = varying_axes(dY) | varying_axes(X) | varying_axes(W)
@@ -120,55 +115,24 @@ def _grads(op, dY, X, W, forward, wanted):
     if want_w:
         (dW,) = jax.linear_transpose(lambda w: forward(X, w), W)(dY)
     if want_b:
-        acc = v.compute_dtype(dY.dtype)
+        acc = rules.compute_dtype(dY.dtype)
         axes = (0,) + tuple(range(2, dY.ndim))
         dB = jnp.sum(dY.astype(acc), axis=axes).astype(dY.dtype)
     return dX, dW, dB
 
 
-def _inputs(op, dY, X, W):
-    dY, X, W = jnp.asarray(dY), jnp.asarray(X), jnp.asarray(W)
-    v.floats(op, dY=dY, X=X, W=W)
-    return dY, X, W
-
-
-def conv(X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-         strides=None):
-    """ONNX Conv without bias (the forward ConvGrad differentiates; not an ORT training op)."""
-    X, W = jnp.asarray(X), jnp.asarray(W)
-    attrs = _Attrs("conv", X, W, auto_pad=auto_pad, dilations=dilations, group=group,
-                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
-    return _conv(X, W, attrs, attrs.conv_padding(X.shape[2:]))
-
-
-def conv_grad(dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-              pads=None, strides=None, outputs=(True, True, True)):
-    """ORT ConvGrad: (dX, dW, dB) of Y = Conv(X, W, B) given dY, with Conv's attributes.
-
-    auto_pad SAME_UPPER/SAME_LOWER pad to ceil(size / stride) outputs, the odd pixel at the
-    end/start; VALID pads nothing; NOTSET uses `pads` (begins then ends). Unwanted outputs
-    (`outputs`, see the module docstring) are None."""
-    op = "conv_grad"
-    dY, X, W = _inputs(op, dY, X, W)
-    wanted = v.outputs(op, outputs, 3)
-    attrs = _Attrs(op, X, W, auto_pad=auto_pad, dilations=dilations, group=group,
-                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
-    padding = attrs.conv_padding(X.shape[2:])
-    return _grads(op, dY, X, W, lambda x, w: _conv(x, w, attrs, padding), wanted)
-
-
-def _transpose_padding(op, attrs, spatial, output_padding, output_shape):
+def _transpose_padding(attrs, spatial, output_padding, output_shape):
     """ConvTranspose's (begin, end) crop of the full output, and the output padding, per dim.
 
     See geometry.conv_transpose_crops (ORT 1.19.2 splits the crop that way)."""
     n = attrs.n
-    adj = _ints(op, "output_padding", output_padding, n, 0)
+    adj = _ints("output_padding", output_padding, n, 0)
     if any(a < 0 or (a >= s and a >= d) for a, s, d in zip(adj, attrs.strides, attrs.dilations)):
-        v.fail(op, ValueError, f"output_padding {adj} must be below strides or dilations")
+        raise ValueError(f"output_padding {adj} must be below strides or dilations")
     if output_shape is not None:
-        output_shape = tuple(v.integer(op, "output_shape", i) for i in output_shape)[-n:]
+        output_shape = tuple(rules.integer("output_shape", i) for i in output_shape)[-n:]
         if len(output_shape) != n:
-            v.fail(op, ValueError, f"output_shape must give {n} spatial sizes")
+            raise ValueError(f"output_shape must give {n} spatial sizes")
     crops = geometry.conv_transpose_crops(attrs.auto_pad, spatial, attrs.strides,
                                           attrs.effective, adj, attrs.pads, output_shape)
     return crops, adj
@@ -189,36 +153,112 @@ def _conv_transpose_fn(attrs, crops, adj):
     return forward
 
 
+def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
+    """Conv(x, w) with the attributes checked against X and W."""
+    attrs = _Attrs(X, W, auto_pad=auto_pad, dilations=dilations, group=group,
+                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
+    padding = attrs.conv_padding(X.shape[2:])
+    return lambda x, w: _conv(x, w, attrs, padding)
+
+
+def _conv_transpose_forward(X, W, auto_pad, dilations, group, kernel_shape, output_padding,
+                            output_shape, pads, strides):
+    """ConvTranspose(x, w) with the attributes checked against X and W."""
+    attrs = _Attrs(X, W, auto_pad=auto_pad, dilations=dilations, group=group,
+                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=True)
+    crops, adj = _transpose_padding(attrs, X.shape[2:], output_padding, output_shape)
+    return _conv_transpose_fn(attrs, crops, adj)
+
+
+def conv(X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+         strides=None):
+    """ONNX Conv without bias (the forward ConvGrad differentiates; not an ORT training op)."""
+    X, W = jnp.asarray(X), jnp.asarray(W)
+    with rules.named("conv"):
+        forward = _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
+    return forward(X, W)
+
+
 def conv_transpose(X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                    output_padding=None, output_shape=None, pads=None, strides=None):
     """ONNX ConvTranspose without bias (the forward ConvTransposeGrad differentiates; not an
     ORT training op). W is [C_in, C_out / group, k...]."""
     X, W = jnp.asarray(X), jnp.asarray(W)
-    attrs = _Attrs("conv_transpose", X, W, auto_pad=auto_pad, dilations=dilations, group=group,
-                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=True)
-    crops, adj = _transpose_padding("conv_transpose", attrs, X.shape[2:], output_padding,
-                                    output_shape)
-    return _conv_transpose_fn(attrs, crops, adj)(X, W)
+    with rules.named("conv_transpose"):
+        forward = _conv_transpose_forward(X, W, auto_pad, dilations, group, kernel_shape,
+                                          output_padding, output_shape, pads, strides)
+    return forward(X, W)
 
 
-def conv_transpose_grad(dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
-                        kernel_shape=None, output_padding=None, output_shape=None, pads=None,
-                        strides=None, outputs=(True, True, True)):
-    """ORT ConvTransposeGrad: (dX, dW, dB) of Y = ConvTranspose(X, W, B) given dY, with
+def _grad_op(forward):
+    """check and reference of a convolution gradient whose forward(X, W, **attrs) gives the
+    checked forward convolution."""
+    def check(dY, X, W, *, outputs, **attrs):
+        rules.floats(dY=dY, X=X, W=W)
+        rules.outputs(outputs, 3)
+        expected = jax.eval_shape(forward(X, W, **attrs), X, W)
+        if tuple(dY.shape) != tuple(expected.shape):
+            raise ValueError(f"dY must have the forward output's shape "
+                             f"{tuple(expected.shape)}, got {dY.shape}")
+
+    def reference(dY, X, W, *, outputs, **attrs):
+        return _grads(dY, X, W, forward(X, W, **attrs), rules.outputs(outputs, 3))
+    return check, reference
+
+
+def _conv_inputs(x_shape, w_shape, forward, attrs):
+    """Matrix inputs (dY, X, W): X [n, ...x_shape] with n the leading dim, the spatial dim
+    after the channels the second leading dim; dY the forward output's shape."""
+    def make(rng, shape, dtype):
+        n, s = shape
+        x = jnp.asarray(rng.standard_normal((n, x_shape[0], s, *x_shape[1:])), dtype)
+        w = jnp.asarray(rng.standard_normal(w_shape), dtype)
+        y = jax.eval_shape(forward(x, w, **attrs), x, w)
+        return jnp.asarray(rng.standard_normal(y.shape), dtype), x, w
+    return make
+
+
+_CONV_ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+               "pads": None, "strides": None}
+_OUTPUTS = {"outputs": (True, True, True)}
+_CONV_FORWARD = lambda X, W, **a: _conv_forward(X, W, **{**_CONV_ATTRS, **a})
+_CONV_T_FORWARD = lambda X, W, **a: _conv_transpose_forward(
+    X, W, **{**_CONV_ATTRS, "output_padding": None, "output_shape": None, **a})
+
+
+# a 2-D strided, padded and dilated case (tests/test_conv.py covers 1-D, 3-D, grouped and
+# auto_pad geometries); dY and X batch-sharded give dW and dB by an all-reduce. Group 1: XLA's
+# SPMD partitioner gathers a batch-sharded operand of a grouped convolution (jax 0.12, even a
+# plain lax.conv_general_dilated forward with feature_group_count 2)
+_CONV_MATRIX = {"strides": [2, 1], "pads": [1, 0, 1, 1], "dilations": [1, 2]}
+_CONV_T_MATRIX = {"strides": [2, 1], "pads": [0, 1, 1, 0], "output_padding": [1, 0]}
+
+_check, _reference = _grad_op(_CONV_FORWARD)
+conv_grad = define(
+    "conv_grad", ort=("com.microsoft", "ConvGrad"), inputs=("dY: float", "X: float", "W: float"),
+    outputs=("dX", "dW", "dB"), attrs=_CONV_ATTRS, options=_OUTPUTS, check=_check,
+    reference=_reference,
+    matrix=Matrix(_conv_inputs((4, 5), (6, 4, 3, 2), _CONV_FORWARD, _CONV_MATRIX),
+                  attrs=_CONV_MATRIX, grad=(0, 1, 2)),
+    doc="""ORT ConvGrad: (dX, dW, dB) of Y = Conv(X, W, B) given dY, with Conv's attributes.
+
+    auto_pad SAME_UPPER/SAME_LOWER pad to ceil(size / stride) outputs, the odd pixel at the
+    end/start; VALID pads nothing; NOTSET uses `pads` (begins then ends). Unwanted outputs
+    (`outputs`, see the module docstring) are None.""")
+
+_check, _reference = _grad_op(_CONV_T_FORWARD)
+conv_transpose_grad = define(
+    "conv_transpose_grad", ort=("com.microsoft", "ConvTransposeGrad"),
+    inputs=("dY: float", "X: float", "W: float"), outputs=("dX", "dW", "dB"),
+    attrs={"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+           "output_padding": None, "output_shape": None, "pads": None, "strides": None},
+    options=_OUTPUTS,
+    check=_check, reference=_reference,
+    matrix=Matrix(_conv_inputs((4, 3), (4, 3, 2, 2), _CONV_T_FORWARD, _CONV_T_MATRIX),
+                  attrs=_CONV_T_MATRIX, grad=(0, 1, 2)),
+    doc="""ORT ConvTransposeGrad: (dX, dW, dB) of Y = ConvTranspose(X, W, B) given dY, with
     ConvTranspose's attributes (W is [C_in, C_out / group, k...]). Unwanted outputs
-    (`outputs`, see the module docstring) are None. (ORT has no CPU kernel.)"""
-    op = "conv_transpose_grad"
-    dY, X, W = _inputs(op, dY, X, W)
-    wanted = v.outputs(op, outputs, 3)
-    attrs = _Attrs(op, X, W, auto_pad=auto_pad, dilations=dilations, group=group,
-                   kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=True)
-    crops, adj = _transpose_padding(op, attrs, X.shape[2:], output_padding, output_shape)
-    return _grads(op, dY, X, W, _conv_transpose_fn(attrs, crops, adj), wanted)
-
+    (`outputs`, see the module docstring) are None. (ORT has no CPU kernel.)""")
+del _check, _reference
 
 __all__ = ["conv_grad", "conv_transpose_grad"]
-
-ORT_OPS = {
-    ("com.microsoft", "ConvGrad"): conv_grad,
-    ("com.microsoft", "ConvTransposeGrad"): conv_transpose_grad,
-}

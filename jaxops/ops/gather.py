@@ -21,57 +21,25 @@ kernel in the scatter direction. The other three are compositions and inherit th
 """
 import functools
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxops._src.disable import disabled
+from jaxops._src import rules
 from jaxops._src.op import Factors, Op, is_undefined, is_zero
-from jaxops.ops._args import static_inputs
+from jaxops._src.spec import Matrix, define
 from jaxops.reference import gather as ref
 
-_FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
-_INDEX = (jnp.int32, jnp.int64)
+_MS = "com.microsoft"
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-class _Fail:
-    """Raises errors prefixed with the op's name (as Op does for kernel-backed ops)."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __call__(self, kind, msg):
-        raise kind(f"jaxops.ops.{self.name}: {msg}")
-
-
-def _static_ints(fail, value, what):
-    """A 1-D static integer input as a tuple of ints."""
-    try:
-        arr = np.asarray(value)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        arr = None
-    if arr is None or arr.dtype == object:
-        fail(TypeError, f"{what} must be static (a tuple, list or concrete array), got a traced "
-                        "value; pass it as a Python/numpy value or mark it static under jit")
-    if arr.ndim != 1:
-        fail(ValueError, f"{what} must be 1-D, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        fail(TypeError, f"{what} must hold integers, got {arr.dtype}")
-    return tuple(int(v) for v in arr.reshape(-1))
-
-
-def _axis(fail, axis, rank):
-    try:
-        axis = operator.index(axis)
-    except TypeError:
-        fail(TypeError, f"axis must be an int, got {axis!r}")
-    if not -rank <= axis < rank:
-        fail(ValueError, f"axis {axis} is out of range for rank {rank}")
-    return axis % rank
+# The matrix (tests/test_op_matrix.py) passes static inputs by name and calls with the array
+# inputs by position, so an op whose static `shape` precedes an array input has no row there;
+# tests/test_gather.py checks jit, vmap, vmap of grad, check_grads and sharding by hand.
+_NO_MATRIX = ("its static `shape` input comes before an array input: the matrix passes static "
+              "inputs by name after the positional arrays; tests/test_gather.py covers jit, "
+              "vmap, vmap(grad), check_grads order 2 and sharding by hand")
 
 
 def _wrap_or_drop(idx, size, dtype):
@@ -96,12 +64,11 @@ def _index_dtype(limit):
 
 
 def _check_float(x, label):
-    if x.dtype not in _FLOATS:
-        raise TypeError(f"{label} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    rules.floats(**{label: x})
 
 
 def _check_index(x, label="indices"):
-    if x.dtype not in _INDEX:
+    if np.dtype(x.dtype) not in rules.INDEX:
         raise TypeError(f"{label} must be int32 or int64, got {x.dtype}")
 
 
@@ -227,9 +194,30 @@ _GATHER = Op("gather_grad_transpose", shape=_gather_shape,
              batch=_gather_batch, jvp=_gather_jvp, transpose=_gather_transpose)
 
 
-@static_inputs('shape')
-def gather_grad(shape, indices, dY, axis=0):
-    """ORT GatherGrad: dX = zeros(shape); dX[..., indices[p], ...] += dY[..., p, ...] along
+def _check_gather_grad(shape, indices, dY, *, axis):
+    if not shape:
+        raise ValueError("shape must have rank >= 1")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape must not hold negative dims, got {shape}")
+    axis = rules.axis(axis, len(shape))
+    want = shape[:axis] + tuple(indices.shape) + shape[axis + 1:]
+    if tuple(dY.shape) != want:
+        raise ValueError(f"dY must have shape shape[:axis] + indices.shape + shape[axis+1:] = "
+                         f"{want}, got {tuple(dY.shape)}")
+
+
+def _gather_grad(shape, indices, dY, *, axis):
+    axis = int(axis) % len(shape)
+    if indices.ndim == 0:  # one index: a length-1 index axis keeps the kernel's view simple
+        indices, dY = indices.reshape(1), jnp.expand_dims(dY, axis)
+    return _GATHER_GRAD.bind(indices, dY, axis=axis, v=shape[axis])
+
+
+gather_grad = define(
+    "gather_grad", ort=(_MS, "GatherGrad"), inputs=("shape: static", "indices: index", "dY: float"),
+    outputs=("dX",), attrs={"axis": 0}, check=_check_gather_grad, kernel=_gather_grad,
+    reference=lambda shape, indices, dY, *, axis: ref.gather_grad(shape, indices, dY, axis),
+    doc="""ORT GatherGrad: dX = zeros(shape); dX[..., indices[p], ...] += dY[..., p, ...] along
     `axis`, for every position p of `indices` (any shape; dY's shape is
     shape[:axis] + indices.shape + shape[axis+1:]).
 
@@ -237,30 +225,16 @@ def gather_grad(shape, indices, dY, axis=0):
     bf16 dY (f32 accumulation, f64 for f64). Negative indices wrap once; an index still out
     of range is dropped (never clamped, never read or written out of bounds). Duplicates are
     summed deterministically: the same bits every run (see the module docstring).
-    """
-    fail = _Fail("gather_grad")
-    shape = _static_ints(fail, shape, "shape")
-    indices, dY = jnp.asarray(indices), jnp.asarray(dY)
-    if not shape:
-        fail(ValueError, "shape must have rank >= 1")
-    if any(d < 0 for d in shape):
-        fail(ValueError, f"shape must not hold negative dims, got {shape}")
-    axis = _axis(fail, axis, len(shape))
-    want = shape[:axis] + tuple(indices.shape) + shape[axis + 1:]
-    if tuple(dY.shape) != want:
-        fail(ValueError, f"dY must have shape shape[:axis] + indices.shape + shape[axis+1:] = "
-                         f"{want}, got {tuple(dY.shape)}")
-    _GATHER_GRAD.check(indices, dY, axis=axis, v=shape[axis])  # dtypes
-    if indices.ndim == 0:  # one index: a length-1 index axis keeps the kernel's view simple
-        indices, dY = indices.reshape(1), jnp.expand_dims(dY, axis)
-    return _GATHER_GRAD(indices, dY, axis=axis, v=shape[axis])
+    """,
+    no_matrix=_NO_MATRIX)
 
 
 def gather_grad_transpose(x, indices, axis=0):
     """Not an ORT op: the adjoint of gather_grad in dY, a gather along `axis` with its index
     rules (negative indices wrap once; a dropped index gives 0). Its adjoint is gather_grad."""
     x, indices = jnp.asarray(x), jnp.asarray(indices)
-    axis = _axis(_Fail("gather_grad_transpose"), axis, max(x.ndim, 1))
+    with rules.named("gather_grad_transpose"):
+        axis = rules.axis(axis, max(x.ndim, 1))
     return _GATHER(x, indices, axis=axis)
 
 
@@ -276,42 +250,24 @@ def _strides(shape):
     return out[::-1]
 
 
-@static_inputs('shape')
-def gather_elements_grad(dY, shape, indices, axis=0):
-    """ORT GatherElementsGrad: dX = zeros(shape); for every position i of dY (and indices,
-    same shape), dX[i with i[axis] replaced by indices[i]] += dY[i].
-
-    `shape` must be static; dY's dims may be smaller than shape's except along `axis`
-    (GatherElements' rule). Negative indices wrap; an out-of-range index is dropped.
-    Deterministic: each element's flat position in dX is one row index for the GatherGrad
-    kernel (a 1-D scatter of single elements), which sums duplicates in a fixed order.
-    """
-    name = "gather_elements_grad"
-    fail = _Fail(name)
-    shape = _static_ints(fail, shape, "shape")
-    dY, indices = jnp.asarray(dY), jnp.asarray(indices)
-    try:
-        _check_float(dY, "dY")
-        _check_index(indices)
-    except TypeError as e:
-        fail(TypeError, str(e))
+def _check_gather_elements_grad(dY, shape, indices, *, axis):
     if not shape:
-        fail(ValueError, "shape must have rank >= 1")
-    if indices.shape != dY.shape:
-        fail(ValueError, f"indices and dY must share one shape, got {indices.shape} and {dY.shape}")
+        raise ValueError("shape must have rank >= 1")
+    rules.same_shape(indices=indices, dY=dY)
     if dY.ndim != len(shape):
-        fail(ValueError, f"dY must have the rank of shape ({len(shape)}), got rank {dY.ndim}")
-    axis = _axis(fail, axis, len(shape))
+        raise ValueError(f"dY must have the rank of shape ({len(shape)}), got rank {dY.ndim}")
+    axis = rules.axis(axis, len(shape))
     if any(dY.shape[d] > shape[d] for d in range(len(shape)) if d != axis):
-        fail(ValueError, f"dY's dims other than axis {axis} must not exceed shape's: "
+        raise ValueError(f"dY's dims other than axis {axis} must not exceed shape's: "
                          f"{dY.shape} vs {shape}")
-    if disabled(name):
-        return ref.gather_elements_grad(dY, shape, indices, axis)
-    return _gather_elements_grad(dY, indices, shape, axis)
+
+
+def _gather_elements_grad(dY, shape, indices, *, axis):
+    return _gather_elements_grad_jit(dY, indices, shape, int(axis) % len(shape))
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _gather_elements_grad(dY, indices, shape, axis):
+def _gather_elements_grad_jit(dY, indices, shape, axis):
     total = math.prod(shape)
     dtype = _index_dtype(total)
     flat = jnp.zeros(dY.shape, dtype)
@@ -324,49 +280,47 @@ def _gather_elements_grad(dY, indices, shape, axis):
     return out.reshape(shape)
 
 
-@static_inputs('shape')
-def gather_nd_grad(shape, indices, update, batch_dims=0):
-    """ORT GatherNDGrad: dX = zeros(shape); update's slices are added where GatherND with
-    `batch_dims` would have read them: indices [B..., G..., k] (B = shape[:batch_dims]),
-    update B + G + shape[batch_dims+k:]; duplicates accumulate.
+gather_elements_grad = define(
+    "gather_elements_grad", ort=(_MS, "GatherElementsGrad"),
+    inputs=("dY: float", "shape: static", "indices: index"), outputs=("dX",), attrs={"axis": 0},
+    check=_check_gather_elements_grad, kernel=_gather_elements_grad,
+    reference=lambda dY, shape, indices, *, axis: ref.gather_elements_grad(dY, shape, indices,
+                                                                            axis),
+    doc="""ORT GatherElementsGrad: dX = zeros(shape); for every position i of dY (and indices,
+    same shape), dX[i with i[axis] replaced by indices[i]] += dY[i].
 
-    `shape` must be static. Each index component wraps once when negative; a tuple with a
-    component still out of range is dropped. Deterministic: every tuple becomes one flat row
-    of dX viewed as [rows, slice], run through the GatherGrad kernel.
-    """
-    name = "gather_nd_grad"
-    fail = _Fail(name)
-    shape = _static_ints(fail, shape, "shape")
-    indices, update = jnp.asarray(indices), jnp.asarray(update)
-    try:
-        _check_float(update, "update")
-        _check_index(indices)
-    except TypeError as e:
-        fail(TypeError, str(e))
-    try:
-        b = operator.index(batch_dims)
-    except TypeError:
-        fail(TypeError, f"batch_dims must be an int, got {batch_dims!r}")
+    `shape` must be static; dY's dims may be smaller than shape's except along `axis`
+    (GatherElements' rule). Negative indices wrap; an out-of-range index is dropped.
+    Deterministic: each element's flat position in dX is one row index for the GatherGrad
+    kernel (a 1-D scatter of single elements), which sums duplicates in a fixed order.
+    """,
+    no_matrix=_NO_MATRIX)
+
+
+def _check_gather_nd_grad(shape, indices, update, *, batch_dims):
+    b = rules.integer("batch_dims", batch_dims)
     if indices.ndim < 1:
-        fail(ValueError, "indices must have rank >= 1")
+        raise ValueError("indices must have rank >= 1")
     k = indices.shape[-1]
     if not 0 <= b < indices.ndim:
-        fail(ValueError, f"batch_dims {b} must be in [0, indices rank {indices.ndim})")
+        raise ValueError(f"batch_dims {b} must be in [0, indices rank {indices.ndim})")
     if b + k > len(shape):
-        fail(ValueError, f"batch_dims + indices.shape[-1] = {b + k} exceeds rank {len(shape)}")
+        raise ValueError(f"batch_dims + indices.shape[-1] = {b + k} exceeds rank {len(shape)}")
     if tuple(indices.shape[:b]) != shape[:b]:
-        fail(ValueError, f"indices' batch dims {indices.shape[:b]} differ from shape's {shape[:b]}")
+        raise ValueError(f"indices' batch dims {indices.shape[:b]} differ from shape's "
+                         f"{shape[:b]}")
     want = tuple(indices.shape[:-1]) + shape[b + k:]
     if tuple(update.shape) != want:
-        fail(ValueError, f"update must have shape indices.shape[:-1] + shape[batch_dims+k:] = "
+        raise ValueError(f"update must have shape indices.shape[:-1] + shape[batch_dims+k:] = "
                          f"{want}, got {tuple(update.shape)}")
-    if disabled(name):
-        return ref.gather_nd_grad(shape, indices, update, b)
-    return _gather_nd_grad(indices, update, shape, b)
+
+
+def _gather_nd_grad(shape, indices, update, *, batch_dims):
+    return _gather_nd_grad_jit(indices, update, shape, int(batch_dims))
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _gather_nd_grad(indices, update, shape, b):
+def _gather_nd_grad_jit(indices, update, shape, b):
     k = indices.shape[-1]
     sub, rest = shape[b:b + k], math.prod(shape[b + k:])
     rows = math.prod(shape[:b + k])
@@ -385,54 +339,57 @@ def _gather_nd_grad(indices, update, shape, b):
     return out.reshape(shape)
 
 
+gather_nd_grad = define(
+    "gather_nd_grad", ort=(_MS, "GatherNDGrad"),
+    inputs=("shape: static", "indices: index", "update: float"), outputs=("output",),
+    attrs={"batch_dims": 0}, check=_check_gather_nd_grad, kernel=_gather_nd_grad,
+    reference=lambda shape, indices, update, *, batch_dims: ref.gather_nd_grad(
+        shape, indices, update, int(batch_dims)),
+    doc="""ORT GatherNDGrad: dX = zeros(shape); update's slices are added where GatherND with
+    `batch_dims` would have read them: indices [B..., G..., k] (B = shape[:batch_dims]),
+    update B + G + shape[batch_dims+k:]; duplicates accumulate.
+
+    `shape` must be static. Each index component wraps once when negative; a tuple with a
+    component still out of range is dropped. Deterministic: every tuple becomes one flat row
+    of dX viewed as [rows, slice], run through the GatherGrad kernel.
+    """,
+    no_matrix=_NO_MATRIX)
+
+
 # ---------------------------------------------------------------------------------------------
 # SliceGrad
 
 
-@static_inputs('shape', 'starts', 'ends', 'axes', 'steps')
-def slice_grad(dY, shape, starts, ends, axes=None, steps=None):
-    """ORT SliceGrad: dX = zeros(shape); dX[Slice(starts, ends, axes, steps)] = dY.
-
-    ONNX Slice-10+ addressing: negative starts/ends count from the end and are clamped,
-    negative steps walk backwards, `axes` (default 0..len(starts)-1) may be negative. All of
-    shape, starts, ends, axes, steps must be static. The sliced elements are distinct, so dX is
-    a zero pad of dY (interior padding for |step| > 1, dY flipped for negative steps):
-    deterministic, and XLA fuses it.
-    """
-    name = "slice_grad"
-    fail = _Fail(name)
-    shape = _static_ints(fail, shape, "shape")
-    starts = _static_ints(fail, starts, "starts")
-    ends = _static_ints(fail, ends, "ends")
-    axes = None if axes is None else _static_ints(fail, axes, "axes")
-    steps = None if steps is None else _static_ints(fail, steps, "steps")
-    dY = jnp.asarray(dY)
+def _check_slice_grad(dY, shape, starts, ends, axes, steps):
     if len(ends) != len(starts):
-        fail(ValueError, f"starts and ends must have one length, got {len(starts)} and {len(ends)}")
+        raise ValueError(f"starts and ends must have one length, got {len(starts)} and "
+                         f"{len(ends)}")
     for label, v in (("axes", axes), ("steps", steps)):
         if v is not None and len(v) != len(starts):
-            fail(ValueError, f"{label} must have the length of starts ({len(starts)}), got {len(v)}")
+            raise ValueError(f"{label} must have the length of starts ({len(starts)}), got "
+                             f"{len(v)}")
     rank = len(shape)
     if axes is not None:
         if any(not -rank <= a < rank for a in axes):
-            fail(ValueError, f"axes {axes} out of range for rank {rank}")
+            raise ValueError(f"axes {axes} out of range for rank {rank}")
         if len({a % rank for a in axes}) != len(axes):
-            fail(ValueError, f"axes {axes} repeat a dim")
+            raise ValueError(f"axes {axes} repeat a dim")
     elif len(starts) > rank:
-        fail(ValueError, f"{len(starts)} starts for rank {rank}")
+        raise ValueError(f"{len(starts)} starts for rank {rank}")
     if steps is not None and 0 in steps:
-        fail(ValueError, "steps must be nonzero")
-    ranges = ref.slice_ranges(shape, starts, ends, axes, steps)
-    counts = tuple(ref.slice_count(*r) for r in ranges)
+        raise ValueError("steps must be nonzero")
+    counts = tuple(ref.slice_count(*r) for r in ref.slice_ranges(shape, starts, ends, axes, steps))
     if tuple(dY.shape) != counts:
-        fail(ValueError, f"dY must have the sliced shape {counts}, got {tuple(dY.shape)}")
-    if disabled(name):
-        return ref.slice_grad(dY, shape, starts, ends, axes, steps)
-    return _slice_grad(dY, shape, tuple(ranges), counts)
+        raise ValueError(f"dY must have the sliced shape {counts}, got {tuple(dY.shape)}")
+
+
+def _slice_grad(dY, shape, starts, ends, axes, steps):
+    ranges = tuple(ref.slice_ranges(shape, starts, ends, axes, steps))
+    return _slice_pad(dY, shape, ranges, tuple(ref.slice_count(*r) for r in ranges))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _slice_grad(dY, shape, ranges, counts):
+def _slice_pad(dY, shape, ranges, counts):
     if 0 in counts:
         return jnp.zeros(shape, dY.dtype)
     config = []
@@ -445,11 +402,27 @@ def _slice_grad(dY, shape, ranges, counts):
     return lax.pad(dY, jnp.zeros((), dY.dtype), config)
 
 
-__all__ = ["gather_elements_grad", "gather_grad", "gather_nd_grad", "slice_grad"]
+def _slice_make(rng, shape, dtype):
+    # `shape` is a static input (fixed in the row's keywords), so dY is always the [8, 3] it
+    # slices to; dim 0 is the one the sharded check splits
+    return (jnp.asarray(rng.standard_normal((8, 3)), dtype),)
 
-ORT_OPS = {
-    ("com.microsoft", "GatherGrad"): gather_grad,
-    ("com.microsoft", "GatherElementsGrad"): gather_elements_grad,
-    ("com.microsoft", "GatherNDGrad"): gather_nd_grad,
-    ("com.microsoft", "SliceGrad"): slice_grad,
-}
+
+slice_grad = define(
+    "slice_grad", ort=(_MS, "SliceGrad"),
+    inputs=("dY", "shape: static", "starts: static", "ends: static", "axes?: static",
+            "steps?: static"), outputs=("dX",),
+    check=_check_slice_grad, reference=_slice_grad,
+    doc="""ORT SliceGrad: dX = zeros(shape); dX[Slice(starts, ends, axes, steps)] = dY.
+
+    ONNX Slice-10+ addressing: negative starts/ends count from the end and are clamped,
+    negative steps walk backwards, `axes` (default 0..len(starts)-1) may be negative. All of
+    shape, starts, ends, axes, steps must be static. Any dtype. The sliced elements are
+    distinct, so dX is a zero pad of dY (interior padding for |step| > 1, dY flipped for
+    negative steps): deterministic, and XLA fuses it (XLA code: there is no kernel).
+    """,
+    matrix=Matrix(_slice_make, attrs={"shape": (8, 7), "starts": (5,), "ends": (-100,),
+                                      "axes": (1,), "steps": (-2,)}, grad=(0,)))
+
+
+__all__ = ["gather_elements_grad", "gather_grad", "gather_nd_grad", "slice_grad"]

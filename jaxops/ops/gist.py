@@ -47,8 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops._src import rules
 from jaxops._src.op import Factors, Op, batch_at_front
-from jaxops.ops import _validate as v
+from jaxops._src.spec import REQUIRED, Matrix, define
 from jaxops.reference import gist as ref
 
 # ONNX TensorProto element types the decoders' `to` may name
@@ -58,21 +59,56 @@ _NAMES = {jnp.float16: "float16", jnp.float32: "float32", jnp.float64: "float64"
 _U32 = jnp.uint32
 
 
-def _input(op, X, label, dtypes):
-    X = jnp.asarray(X)
+def _dtype_of(X, dtypes):
     if X.dtype not in dtypes:
-        v.fail(op, TypeError, f"{label} must be {' or '.join(_NAMES[d] for d in dtypes)}, "
-                              f"got {X.dtype}")
-    return X
+        raise TypeError(f"X must be {' or '.join(_NAMES[d] for d in dtypes)}, got {X.dtype}")
 
 
-def _to(op, to, dtypes):
+def _to(to, dtypes):
     """The decoder's output dtype from ORT's `to` (an ONNX element type)."""
-    to = v.integer(op, "to", to)
+    to = rules.integer("to", to)
     if _TO.get(to) not in dtypes:
         codes = ", ".join(f"{c} ({_NAMES[d]})" for c, d in _TO.items() if d in dtypes)
-        v.fail(op, ValueError, f"to must be one of {codes}, got {to}")
+        raise ValueError(f"to must be one of {codes}, got {to}")
     return _TO[to]
+
+
+_MS = "com.microsoft"
+
+
+def _f32_maker(last=None):
+    """Matrix inputs: float32 X at the leading shape (a last dim of `last` when given), the
+    dtype asked for ignored (the encoders take float32)."""
+    def make(rng, shape, dtype):
+        full = (*shape, last) if last else shape
+        return (jnp.asarray(rng.standard_normal(full), jnp.float32),)
+    return make
+
+
+def _bytes_maker(last=None):
+    def make(rng, shape, dtype):
+        full = (*shape, last) if last else shape
+        return (jnp.asarray(rng.integers(0, 256, full, dtype=np.uint8)),)
+    return make
+
+
+def _encoder(name, op_type, dtypes, reference, doc, make=None):
+    """An XLA-coded encoder: X of `dtypes` -> reference(X)."""
+    return define(name, ort=(_MS, op_type), inputs=("X",), outputs=("Y",),
+                  check=lambda X: _dtype_of(X, dtypes), reference=reference, doc=doc,
+                  matrix=Matrix(make or _f32_maker()))
+
+
+def _decoder(name, op_type, dtypes, to_dtypes, reference, doc, make):
+    """An XLA-coded decoder: X of `dtypes` -> reference(X, dtype of `to`)."""
+    def check(X, *, to):
+        _dtype_of(X, dtypes)
+        _to(to, to_dtypes)
+    return define(name, ort=(_MS, op_type), inputs=("X",), outputs=("Y",),
+                  attrs={"to": REQUIRED}, check=check,
+                  reference=lambda X, *, to: reference(X, _TO[int(to)]), doc=doc,
+                  matrix=Matrix(make, attrs={"to": next(c for c, d in _TO.items()
+                                                        if d in to_dtypes)}))
 
 
 def _u32(x):
@@ -102,17 +138,16 @@ def _lane(shape, dtype):
 # ---------------------------------------------------------------------------- binarize
 
 
-def gist_binarize_encoder(X):
-    """ORT GistBinarizeEncoder: Y = X > 0 (bool, X's shape). X float16, float32 or float64."""
-    X = _input("gist_binarize_encoder", X, "X", (jnp.float16, jnp.float32, jnp.float64))
-    return _positive(X)
+gist_binarize_encoder = _encoder(
+    "gist_binarize_encoder", "GistBinarizeEncoder", (jnp.float16, jnp.float32, jnp.float64),
+    _positive,
+    """ORT GistBinarizeEncoder: Y = X > 0 (bool, X's shape). X float16, float32 or float64.""")
 
-
-def gist_binarize_decoder(X, *, to):
-    """ORT GistBinarizeDecoder: Y = 1 where X else 0, in `to` (10 float16, 1 float, 11 double)."""
-    op = "gist_binarize_decoder"
-    X = _input(op, X, "X", (jnp.bool_,))
-    return X.astype(_to(op, to, (jnp.float16, jnp.float32, jnp.float64)))
+gist_binarize_decoder = _decoder(
+    "gist_binarize_decoder", "GistBinarizeDecoder", (jnp.bool_,),
+    (jnp.float16, jnp.float32, jnp.float64), lambda X, dtype: X.astype(dtype),
+    """ORT GistBinarizeDecoder: Y = 1 where X else 0, in `to` (10 float16, 1 float, 11 double).""",
+    lambda rng, shape, dtype: (jnp.asarray(rng.random(shape) > 0.5),))
 
 
 # ---------------------------------------------------------------------------- pack1
@@ -121,11 +156,7 @@ def _bit_shifts(shape):  # element k of a byte -> bit 0x80 >> k
     return jnp.asarray(7, jnp.uint8) - _lane(shape, jnp.uint8)
 
 
-def gist_pack1_encoder(X):
-    """ORT GistPack1Encoder: X > 0 packed 8 per byte, most significant bit first, into a 1-D
-    uint8 array of ceil(X.size / 8) bytes; a trailing partial byte is padded with 0 bits.
-    X bool or float32."""
-    X = _input("gist_pack1_encoder", X, "X", (jnp.bool_, jnp.float32))
+def _pack1_encode(X):
     bits = _positive(X).reshape(-1)
     pad = -bits.size % 8
     if pad:
@@ -135,15 +166,23 @@ def gist_pack1_encoder(X):
     return jnp.bitwise_or.reduce(bytes_, axis=1)
 
 
-def gist_pack1_decoder(X, *, to):
-    """ORT GistPack1Decoder: Y[i] = bit (0x80 >> i % 8) of X.flat[i // 8], as `to` (9 bool or
-    1 float); 1-D with 8 * X.size elements. X uint8."""
-    op = "gist_pack1_decoder"
-    X = _input(op, X, "X", (jnp.uint8,))
-    dtype = _to(op, to, (jnp.bool_, jnp.float32))
+def _pack1_decode(X, dtype):
     wide = jnp.broadcast_to(X.reshape(-1, 1), (X.size, 8))
     bits = (wide & (jnp.uint8(0x80) >> _lane(wide.shape, jnp.uint8))) != 0
     return bits.reshape(-1).astype(dtype)
+
+
+gist_pack1_encoder = _encoder(
+    "gist_pack1_encoder", "GistPack1Encoder", (jnp.bool_, jnp.float32), _pack1_encode,
+    """ORT GistPack1Encoder: X > 0 packed 8 per byte, most significant bit first, into a 1-D
+    uint8 array of ceil(X.size / 8) bytes; a trailing partial byte is padded with 0 bits.
+    X bool or float32.""", make=_f32_maker(8))  # 8 elements a row: a byte never spans shards
+
+gist_pack1_decoder = _decoder(
+    "gist_pack1_decoder", "GistPack1Decoder", (jnp.uint8,), (jnp.bool_, jnp.float32),
+    _pack1_decode,
+    """ORT GistPack1Decoder: Y[i] = bit (0x80 >> i % 8) of X.flat[i // 8], as `to` (9 bool or
+    1 float); 1-D with 8 * X.size elements. X uint8.""", _bytes_maker())
 
 
 # ---------------------------------------------------------------------------- pack8
@@ -167,11 +206,7 @@ def _f32_bits(X):
     return jnp.where(jnp.isnan(X), ((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13), i)
 
 
-def gist_pack8_encoder(X):
-    """ORT GistPack8Encoder: ORT's sign | 5 | 2 bit byte of each element of X (float32 or
-    float16), X's shape; 0 for X == 0 (where ORT leaves the byte unwritten). Not invertible:
-    see the module docstring."""
-    X = _input("gist_pack8_encoder", X, "X", (jnp.float32, jnp.float16))
+def _pack8_encode(X):
     m_size, e_size, e_mask, m_mask, round_mask, bias = _PACK8[np.dtype(X.dtype)]
     i = _f32_bits(X)
     s = i >> (m_size + e_size)
@@ -188,12 +223,7 @@ def gist_pack8_encoder(X):
     return jnp.where((i & 0x7FFFFFFF) == 0, jnp.uint8(0), byte)  # +-0 by its bits: see _positive
 
 
-def gist_pack8_decoder(X, *, to):
-    """ORT GistPack8Decoder: ORT's decoding of GistPack8Encoder bytes into `to` (1 float or
-    10 float16); byte 0 -> 0. Not the encoder's inverse: see the module docstring."""
-    op = "gist_pack8_decoder"
-    X = _input(op, X, "X", (jnp.uint8,))
-    dtype = _to(op, to, (jnp.float32, jnp.float16))
+def _pack8_decode(X, dtype):
     m_size, e_size, _, _, _, bias = _PACK8[np.dtype(dtype)]
     b = X.astype(_U32)
     s = b >> 7
@@ -207,23 +237,39 @@ def gist_pack8_decoder(X, *, to):
     return jnp.where(X == 0, jnp.zeros((), dtype), y)
 
 
+gist_pack8_encoder = _encoder(
+    "gist_pack8_encoder", "GistPack8Encoder", (jnp.float32, jnp.float16), _pack8_encode,
+    """ORT GistPack8Encoder: ORT's sign | 5 | 2 bit byte of each element of X (float32 or
+    float16), X's shape; 0 for X == 0 (where ORT leaves the byte unwritten). Not invertible:
+    see the module docstring.""")
+
+gist_pack8_decoder = _decoder(
+    "gist_pack8_decoder", "GistPack8Decoder", (jnp.uint8,), (jnp.float32, jnp.float16),
+    _pack8_decode,
+    """ORT GistPack8Decoder: ORT's decoding of GistPack8Encoder bytes into `to` (1 float or
+    10 float16); byte 0 -> 0. Not the encoder's inverse: see the module docstring.""",
+    _bytes_maker())
+
+
 # ---------------------------------------------------------------------------- pack16
 
 
-def gist_pack16_encoder(X):
-    """ORT GistPack16Encoder: float32 X to float16, round to nearest even."""
-    X = _input("gist_pack16_encoder", X, "X", (jnp.float32,))
+def _pack16_encode(X):
     # The barrier keeps the rounding: XLA (xla_allow_excess_precision, on by default) drops
     # an f32 -> f16 -> f32 pair of converts, so a jitted encode + decode on a GPU returned X
     # itself (65520 stayed 65520 instead of inf) and the f16 tensor was never stored.
     return jax.lax.optimization_barrier(X.astype(jnp.float16))
 
 
-def gist_pack16_decoder(X, *, to):
-    """ORT GistPack16Decoder: float16 X to `to` (1 float), exactly."""
-    op = "gist_pack16_decoder"
-    X = _input(op, X, "X", (jnp.float16,))
-    return X.astype(_to(op, to, (jnp.float32,)))
+gist_pack16_encoder = _encoder(
+    "gist_pack16_encoder", "GistPack16Encoder", (jnp.float32,), _pack16_encode,
+    """ORT GistPack16Encoder: float32 X to float16, round to nearest even.""")
+
+gist_pack16_decoder = _decoder(
+    "gist_pack16_decoder", "GistPack16Decoder", (jnp.float16,), (jnp.float32,),
+    lambda X, dtype: X.astype(dtype),
+    """ORT GistPack16Decoder: float16 X to `to` (1 float), exactly.""",
+    lambda rng, shape, dtype: (jnp.asarray(rng.standard_normal(shape), jnp.float16),))
 
 
 # ---------------------------------------------------------------------------- msfp15
@@ -259,34 +305,25 @@ _MSFP15_DECODER = _msfp15_op("gist_pack_msfp15_decoder", ref.msfp15_decoder, jnp
                              jnp.float32)
 
 
-def gist_pack_msfp15_encoder(X):
-    """ORT GistPackMsfp15Encoder: float32 X (last dim a multiple of 8) to one uint8 per element
-    in 8-element tiles along the last axis with a shared exponent; see the module docstring."""
-    return _MSFP15_ENCODER(X)  # the Op checks X
+gist_pack_msfp15_encoder = define(
+    "gist_pack_msfp15_encoder", ort=(_MS, "GistPackMsfp15Encoder"), inputs=("X",),
+    outputs=("Y",), op=_MSFP15_ENCODER, reference=ref.msfp15_encoder,
+    matrix=Matrix(_f32_maker(ref.TILE)),
+    doc="""ORT GistPackMsfp15Encoder: float32 X (last dim a multiple of 8) to one uint8 per element
+    in 8-element tiles along the last axis with a shared exponent; see the module docstring.""")
 
-
-def gist_pack_msfp15_decoder(X, *, to):
-    """ORT GistPackMsfp15Decoder: GistPackMsfp15Encoder's bytes (last dim a multiple of 8) back
-    to `to` (1 float): +-m * 2^(Es - 132), m the 6-bit magnitude, Es the tile's exponent."""
-    _to("gist_pack_msfp15_decoder", to, (jnp.float32,))
-    return _MSFP15_DECODER(X)  # the Op checks X
+gist_pack_msfp15_decoder = define(
+    "gist_pack_msfp15_decoder", ort=(_MS, "GistPackMsfp15Decoder"), inputs=("X",),
+    outputs=("Y",), attrs={"to": REQUIRED},
+    check=lambda X, *, to: (_to(to, (jnp.float32,)), _MSFP15_DECODER.check(X)),
+    kernel=lambda X, *, to: _MSFP15_DECODER.bind(X),
+    reference=lambda X, *, to: ref.msfp15_decoder(X),
+    matrix=Matrix(_bytes_maker(ref.TILE), attrs={"to": 1}),
+    doc="""ORT GistPackMsfp15Decoder: GistPackMsfp15Encoder's bytes (last dim a multiple of 8) back
+    to `to` (1 float): +-m * 2^(Es - 132), m the 6-bit magnitude, Es the tile's exponent.""")
 
 
 __all__ = ["gist_binarize_decoder", "gist_binarize_encoder", "gist_pack16_decoder",
            "gist_pack16_encoder", "gist_pack1_decoder", "gist_pack1_encoder",
            "gist_pack8_decoder", "gist_pack8_encoder", "gist_pack_msfp15_decoder",
            "gist_pack_msfp15_encoder"]
-
-_MS = "com.microsoft"
-ORT_OPS = {
-    (_MS, "GistBinarizeEncoder"): gist_binarize_encoder,
-    (_MS, "GistBinarizeDecoder"): gist_binarize_decoder,
-    (_MS, "GistPack1Encoder"): gist_pack1_encoder,
-    (_MS, "GistPack1Decoder"): gist_pack1_decoder,
-    (_MS, "GistPack8Encoder"): gist_pack8_encoder,
-    (_MS, "GistPack8Decoder"): gist_pack8_decoder,
-    (_MS, "GistPack16Encoder"): gist_pack16_encoder,
-    (_MS, "GistPack16Decoder"): gist_pack16_decoder,
-    (_MS, "GistPackMsfp15Encoder"): gist_pack_msfp15_encoder,
-    (_MS, "GistPackMsfp15Decoder"): gist_pack_msfp15_decoder,
-}

@@ -18,32 +18,42 @@ from collections.abc import Callable
 import jax.numpy as jnp
 from jax import lax
 
+from jaxops._src import rules
+from jaxops._src.spec import define
+
 _FUNCTIONS: dict[str, Callable] = {}
+_MS = "com.microsoft"
 
 
-def _check_event(op, event_id):
-    event = jnp.asarray(event_id)
-    if event.dtype != jnp.int64 and event.dtype != jnp.int32:
-        raise TypeError(f"jaxops.ops.{op}: EventIdentifier must be int64, got {event.dtype}")
-    if event.size != 1:
-        raise ValueError(f"jaxops.ops.{op}: EventIdentifier must hold one value, got shape {event.shape}")
+def _check_event(event_id, *inputs):
+    if event_id.size != 1:
+        raise ValueError(f"event_id (ORT's EventIdentifier) must hold one value, got shape "
+                         f"{event_id.shape}")
 
 
-def _barrier(inputs):
-    out = lax.optimization_barrier(tuple(jnp.asarray(x) for x in inputs))
+def _barrier(event_id, *inputs):
+    if not inputs:
+        return None
+    out = lax.optimization_barrier(inputs)
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def record_event(event_id, *inputs):
-    """Passes `inputs` through once all of them are computed (ORT: then signals the event)."""
-    _check_event("record_event", event_id)
-    return _barrier(inputs) if inputs else None
+# the event id is a one-element first input, which the generic matrix would batch like the data
+_EVENT_NO_MATRIX = ("its first input is a one-element event id, which the generic matrix "
+                    "(tests/test_op_matrix.py) would stack and batch like the data inputs; "
+                    "tests/test_interop.py checks jit, vmap and check_grads order 2")
 
+record_event = define(
+    "record_event", ort=(_MS, "RecordEvent"), inputs=("event_id: index", "*inputs: array"),
+    outputs=("OutputData",), check=_check_event, reference=_barrier,
+    no_matrix=_EVENT_NO_MATRIX,
+    doc="""Passes `inputs` through once all of them are computed (ORT: then signals the event).""")
 
-def wait_event(event_id, *inputs):
-    """Passes `inputs` through once all of them are computed (ORT: after the event fired)."""
-    _check_event("wait_event", event_id)
-    return _barrier(inputs) if inputs else None
+wait_event = define(
+    "wait_event", ort=(_MS, "WaitEvent"), inputs=("event_id: index", "*inputs: array"),
+    outputs=("OutputData",), check=_check_event, reference=_barrier,
+    no_matrix=_EVENT_NO_MATRIX,
+    doc="""Passes `inputs` through once all of them are computed (ORT: after the event fired).""")
 
 
 def register_python_function(name: str, fn: Callable | None) -> None:
@@ -60,63 +70,87 @@ def register_python_function(name: str, fn: Callable | None) -> None:
         _FUNCTIONS[name] = fn
 
 
-def _registered(op, name):
-    if not name:
-        raise ValueError(f"jaxops.ops.{op}: the node names no function (func_name is empty)")
-    if name not in _FUNCTIONS:
-        raise ValueError(f"jaxops.ops.{op}: refusing to run {name!r}: jaxops never imports code "
-                         "a model names; register an implementation with "
+def _registered(*inputs, func_name, **attributes):
+    """The check of the interop ops: `func_name` names a registered function."""
+    if not func_name:
+        raise ValueError("the node names no function (func_name is empty)")
+    if func_name not in _FUNCTIONS:
+        raise ValueError(f"refusing to run {func_name!r}: jaxops never imports code a model "
+                         "names; register an implementation with "
                          "jaxops.ops.register_python_function(name, fn)")
-    return _FUNCTIONS[name]
 
 
 def _tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def python_op(*inputs, func_name="", **attributes):
-    """ORT's PythonOp: (context, *outputs) from the registered function."""
-    out = _tuple(_registered("python_op", func_name)(*inputs, **attributes))
+def _one_or_tuple(out):
+    out = _tuple(out)
+    return out[0] if len(out) == 1 else out
+
+
+_PYTHON_NO_MATRIX = "runs a caller-registered Python function: nothing generic to transform"
+
+
+def _python_op(*inputs, func_name, **attributes):
+    out = _tuple(_FUNCTIONS[func_name](*inputs, **attributes))
     return (jnp.zeros((), jnp.int64), *out)
 
 
-def python_op_grad(context, *inputs, func_name="", **attributes):
-    """ORT's PythonOpGrad: the registered backward, given the gradients (context dropped)."""
-    out = _tuple(_registered("python_op_grad", func_name)(*inputs, **attributes))
-    return out[0] if len(out) == 1 else out
+python_op = define(
+    "python_op", ort=(_MS, "PythonOp"), inputs=("*inputs: any",),
+    outputs=("context", "outputs"), attrs={"func_name": ""}, extra_attrs=True,
+    check=_registered, reference=_python_op, no_matrix=_PYTHON_NO_MATRIX,
+    doc="""ORT's PythonOp: (context, *outputs) from the registered function, called with the
+    inputs and the node's other attributes (see register_python_function).""")
+
+python_op_grad = define(
+    "python_op_grad", ort=(_MS, "PythonOpGrad"), inputs=("context: any", "*inputs: any"),
+    outputs=("outputs",), attrs={"func_name": ""}, extra_attrs=True,
+    check=lambda context, *inputs, **attrs: _registered(*inputs, **attrs),
+    reference=lambda context, *inputs, func_name, **attributes: _one_or_tuple(
+        _FUNCTIONS[func_name](*inputs, **attributes)),
+    no_matrix=_PYTHON_NO_MATRIX,
+    doc="""ORT's PythonOpGrad: the registered backward, given the gradients (context dropped).""")
+
+triton_op = define(
+    "triton_op", ort=(_MS, "TritonOp"), inputs=("*inputs: any",), outputs=("outputs",),
+    attrs={"func_name": ""}, extra_attrs=True, check=_registered,
+    reference=lambda *inputs, func_name, **attributes: _one_or_tuple(
+        _FUNCTIONS[func_name](*inputs, **attributes)),
+    no_matrix=_PYTHON_NO_MATRIX,
+    doc="""ORT's TritonOp: the registered function, called with the inputs and the node's other
+    attributes (onnx_key, onnx_string, ...).""")
 
 
-def triton_op(*inputs, func_name="", **attributes):
-    out = _tuple(_registered("triton_op", func_name)(*inputs, **attributes))
-    return out[0] if len(out) == 1 else out
-
-
-def yield_op(*module_outputs, non_differentiable_outputs=(), full_shape_outputs=(),
-             gradient_fn: Callable | None = None):
-    """ORT's YieldOp hands the forward outputs to PyTorch and returns the gradients PyTorch
-    sends back. In JAX, jax.grad differentiates the whole program, so an imported graph
-    rarely needs it; pass `gradient_fn(*differentiable_outputs) -> gradients` to supply them."""
+def _yield_check(*module_outputs, non_differentiable_outputs, full_shape_outputs, gradient_fn):
     if gradient_fn is None:
-        raise ValueError("jaxops.ops.yield_op: YieldOp is where ORTModule hands control to "
-                         "PyTorch; pass gradient_fn= to supply the output gradients")
+        raise ValueError("YieldOp is where ORTModule hands control to PyTorch; pass "
+                         "gradient_fn= to supply the output gradients")
+
+
+def _yield(*module_outputs, non_differentiable_outputs, full_shape_outputs, gradient_fn):
     skip = set(non_differentiable_outputs or ())
     outs = [x for i, x in enumerate(module_outputs) if i not in skip]
     grads = _tuple(gradient_fn(*outs))
     if len(grads) != len(outs):
-        raise ValueError(f"jaxops.ops.yield_op: gradient_fn returned {len(grads)} gradients "
-                         f"for {len(outs)} differentiable outputs")
+        with rules.named("yield_op"):
+            raise ValueError(f"gradient_fn returned {len(grads)} gradients for {len(outs)} "
+                             "differentiable outputs")
     return grads[0] if len(grads) == 1 else grads
+
+
+yield_op = define(
+    "yield_op", ort=(_MS, "YieldOp"), inputs=("*module_outputs: any",),
+    outputs=("module_outputs_grad",),
+    attrs={"non_differentiable_outputs": (), "full_shape_outputs": ()},
+    options={"gradient_fn": None}, check=_yield_check, reference=_yield,
+    no_matrix="hands the outputs to a caller-supplied gradient_fn (ORTModule's hand-off to "
+              "PyTorch): nothing generic to transform",
+    doc="""ORT's YieldOp hands the forward outputs to PyTorch and returns the gradients PyTorch
+    sends back. In JAX, jax.grad differentiates the whole program, so an imported graph
+    rarely needs it; pass `gradient_fn(*differentiable_outputs) -> gradients` to supply them.""")
 
 
 __all__ = ["python_op", "python_op_grad", "record_event", "register_python_function",
            "triton_op", "wait_event", "yield_op"]
-
-_MS = "com.microsoft"
-ORT_OPS = {
-    (_MS, "RecordEvent"): record_event,
-    (_MS, "WaitEvent"): wait_event,
-    (_MS, "YieldOp"): yield_op,
-    (_MS, "PythonOp"): python_op,
-    (_MS, "PythonOpGrad"): python_op_grad,
-    (_MS, "TritonOp"): triton_op,
-}

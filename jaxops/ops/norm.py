@@ -15,17 +15,17 @@ Differentiation: every op differentiates through its pure-JAX reference (jaxops.
 so gradients of any order exist.
 """
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops._src import rules
 from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
+from jaxops._src.spec import REQUIRED, Matrix, define
 from jaxops.reference import norm as ref
 
-_FLOATS = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
-_STATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+_STATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # ------------------------------------------------------------------------------------------
@@ -38,7 +38,7 @@ def _struct(shape, dtype):
 
 def _core_check(big, small, big_shape, small_shapes):
     for b in big:
-        if b.dtype not in _FLOATS:
+        if np.dtype(b.dtype) not in rules.FLOATS:
             raise TypeError(f"expected float operands, got {b.dtype}")
         if b.dtype != big[0].dtype or b.shape != tuple(big_shape):
             raise ValueError("dY and X must share one dtype and shape")
@@ -207,7 +207,10 @@ _BN_GRAD = Op("batch_normalization_grad", shape=_bn_grad_shape,
               reference=lambda *a, batch: ref.bn_grad_core(*a, batch=batch), batch=_bn_batch,
               target="jaxops_batch_normalization_grad",
               ffi_attrs=lambda *a, batch: {"batch": np.int64(batch)},
-              factors=_bn_factors(2, 3, 1, 2), multiple_results=True)
+              factors=_bn_factors(2, 3, 1, 2), multiple_results=True,
+              # H100, bf16 [64,256,28,28]: XLA 49.1 us against the kernel's 151.0
+              # (docs/performance.md); the CPU kernel stays
+              xla_when=lambda platform, *avals, batch: platform == "cuda")
 _BN_TRAIN = Op("batch_norm_internal", shape=_bn_train_shape,
                reference=lambda *a, **p: ref.bn_train_core(*a, **p), batch=_bn_batch,
                target="jaxops_batch_norm_internal",
@@ -218,106 +221,89 @@ _BN_TRAIN = Op("batch_norm_internal", shape=_bn_train_shape,
 
 
 # ------------------------------------------------------------------------------------------
-# Validation of ORT's operands (errors name the ORT op)
+# Argument rules of ORT's operands (plain messages: the public functions prefix the op's name)
 
 
-def _fail(name, error, msg):
-    raise error(f"jaxops.ops.{name}: {msg}")
-
-
-def _arrays(name, labels, values):
-    out = []
-    for label, v in zip(labels, values):
-        if v is None:
-            _fail(name, TypeError, f"{label} is required")
-        v = jnp.asarray(v)
-        if v.dtype not in _FLOATS:
-            _fail(name, TypeError, f"{label} must be float16, bfloat16, float32 or float64, "
-                                   f"got {v.dtype}")
-        out.append(v)
-    f64 = [jnp.dtype(v.dtype) == jnp.float64 for v in out]
+def _float64_all_or_none(arrays):
+    f64 = [np.dtype(v.dtype) == np.float64 for v in arrays.values()]
     if any(f64) and not all(f64):
-        _fail(name, TypeError, "float64 operands must all be float64, got "
-                               + ", ".join(f"{l}={v.dtype}" for l, v in zip(labels, out)))
-    return out
+        raise TypeError("float64 operands must all be float64, got "
+                        + ", ".join(f"{label}={v.dtype}" for label, v in arrays.items()))
 
 
-def _same(name, labels, values, what):
-    first = values[0]
-    for label, v in zip(labels[1:], values[1:]):
-        if getattr(v, what) != getattr(first, what):
-            err = TypeError if what == "dtype" else ValueError
-            _fail(name, err, f"{labels[0]} and {label} must share one {what}, got "
-                             f"{getattr(first, what)} and {getattr(v, what)}")
+def _ln_check(names, n_v, same_xy=False):
+    """LayerNorm grads' rules. names: ORT's input names, dY then X (or Y), then the n_v
+    V-typed operands (scale[, bias]), then the U-typed statistics."""
+    v_names, stat_names = names[2:2 + n_v], names[2 + n_v:]
+
+    def check(*args, axis, **ignored):
+        arrays = dict(zip(names, args))
+        _float64_all_or_none(arrays)
+        dy, x = args[:2]
+        rules.same_dtype(**{n: arrays[n] for n in (names[0], *v_names)})
+        if same_xy:
+            rules.same_dtype(**{n: arrays[n] for n in names[:2]})
+        rules.same_shape(**{n: arrays[n] for n in names[:2]})
+        if x.ndim == 0:
+            raise ValueError(f"{names[1]} must have rank >= 1, got a scalar")
+        axis = rules.axis(axis, x.ndim)
+        for label in stat_names:
+            if np.dtype(arrays[label].dtype) not in _STATS:
+                raise TypeError(f"{label} must be float32 or float64, got {arrays[label].dtype}")
+        n, m = math.prod(x.shape[axis:]), math.prod(x.shape[:axis])
+        for label in v_names:
+            if arrays[label].size != n:
+                raise ValueError(f"{label} must hold {n} values (X.shape[{axis}:] = "
+                                 f"{x.shape[axis:]}), got shape {arrays[label].shape}")
+        for label in stat_names:
+            if arrays[label].size != m:
+                raise ValueError(f"{label} must hold {m} values (one per row of X.shape[:{axis}] "
+                                 f"= {x.shape[:axis]}), got shape {arrays[label].shape}")
+    return check
 
 
-def _axis(name, axis, ndim):
-    try:
-        axis = operator.index(axis)
-    except TypeError:
-        _fail(name, TypeError, f"axis must be an int, got {axis!r}")
-    if ndim == 0:
-        _fail(name, ValueError, "X must have rank >= 1, got a scalar")
-    if not -ndim <= axis < ndim:
-        _fail(name, ValueError, f"axis {axis} is out of range for rank {ndim}")
-    return axis % ndim
+def _bn_check(big, t1, t2):
+    """BatchNorm rules: big (T: dY, X) share dtype and shape, T1 (scale[, B]) and T2 (the
+    statistics) share a dtype each and hold one value per channel (X's dim 1)."""
+    names = big + t1 + t2
 
-
-def _check_ln(name, labels, args, axis):
-    """labels/args: dY, X (or Y), then V-typed operands (scale, [bias]), then U-typed stats."""
-    args = _arrays(name, labels, args)
-    dy, x = args[:2]
-    n_v = 2 if "bias" in labels else 1
-    v_labels = [labels[0]] + list(labels[2:2 + n_v])
-    _same(name, v_labels, [dy] + args[2:2 + n_v], "dtype")
-    if name == "invertible_layer_normalization_grad":
-        _same(name, labels[:2], [dy, x], "dtype")
-    _same(name, labels[:2], [dy, x], "shape")
-    axis = _axis(name, axis, x.ndim)
-    stats = args[2 + n_v:]
-    for label, s in zip(labels[2 + n_v:], stats):
-        if s.dtype not in _STATS:
-            _fail(name, TypeError, f"{label} must be float32 or float64, got {s.dtype}")
-    n, m = math.prod(x.shape[axis:]), math.prod(x.shape[:axis])
-    for label, v in zip(labels[2:2 + n_v], args[2:2 + n_v]):
-        if v.size != n:
-            _fail(name, ValueError, f"{label} must hold {n} values (X.shape[{axis}:] = "
-                                    f"{x.shape[axis:]}), got shape {v.shape}")
-    for label, s in zip(labels[2 + n_v:], stats):
-        if s.size != m:
-            _fail(name, ValueError, f"{label} must hold {m} values (one per row of "
-                                    f"X.shape[:{axis}] = {x.shape[:axis]}), got shape {s.shape}")
-    return args, axis
-
-
-def _check_bn(name, big_labels, big, t1_labels, t1, t2_labels, t2):
-    args = _arrays(name, big_labels + t1_labels + t2_labels, big + t1 + t2)
-    big, t1, t2 = args[:len(big)], args[len(big):len(big) + len(t1)], args[len(big) + len(t1):]
-    _same(name, big_labels, big, "dtype")
-    _same(name, big_labels, big, "shape")
-    _same(name, t1_labels, t1, "dtype")
-    _same(name, t2_labels, t2, "dtype")
-    x = big[-1]
-    if x.ndim < 2:
-        _fail(name, ValueError, f"X must have rank >= 2 (N, C, ...), got shape {x.shape}")
-    c = x.shape[1]
-    for label, v in zip(t1_labels + t2_labels, t1 + t2):
-        if v.shape != (c,):
-            _fail(name, ValueError, f"{label} must have shape ({c},) (X's channels), got {v.shape}")
-    return big, t1, t2
+    def check(*args, epsilon, **attrs):
+        arrays = dict(zip(names, args))
+        _float64_all_or_none(arrays)
+        for group in (big, t1, t2):
+            rules.same_dtype(**{n: arrays[n] for n in group})
+        rules.same_shape(**{n: arrays[n] for n in big})
+        x = arrays["X"]
+        if x.ndim < 2:
+            raise ValueError(f"X must have rank >= 2 (N, C, ...), got shape {x.shape}")
+        c = x.shape[1]
+        for label in t1 + t2:
+            if arrays[label].shape != (c,):
+                raise ValueError(f"{label} must have shape ({c},) (X's channels), got "
+                                 f"{arrays[label].shape}")
+        rules.number("epsilon", epsilon)
+        for label in ("momentum", "training_mode"):
+            if label in attrs:
+                (rules.number if label == "momentum" else rules.integer)(label, attrs[label])
+    return check
 
 
 # ------------------------------------------------------------------------------------------
-# The ORT ops
+# The kernel paths (the spec has checked the operands and read JAXOPS_DISABLE)
 
 
-def ln_grad(mode, dy, x, scale, bias, mean, inv, axis):
-    """Any-dtype entry used by jaxops.nn: casts around the kernel as the ORT ops do."""
-    dy_, x_, s, b, m, i, axis = ref.prepare_ln(dy, x, scale, bias, mean, inv, axis)
-    args = {ref.LAYER: (dy_, x_, s, m, i), ref.SIMPLIFIED: (dy_, x_, s, i),
-            ref.INVERTIBLE: (dy_, x_, s, b, i)}[mode]
-    outs = tuple(_LN_OPS[mode](*args, axis=axis, batch=0))
-    return ref.finish_ln(outs + (None,) * (3 - len(outs)), x.dtype, scale)
+def _ln_kernel(mode):
+    def kernel(*args, axis, **ignored):
+        dy, x, scale = args[:3]
+        bias = args[3] if mode == ref.INVERTIBLE else None
+        mean = args[3] if mode == ref.LAYER else None
+        dy_, x_, s, b, m, i, axis = ref.prepare_ln(dy, x, scale, bias, mean, args[-1], axis)
+        operands = {ref.LAYER: (dy_, x_, s, m, i), ref.SIMPLIFIED: (dy_, x_, s, i),
+                    ref.INVERTIBLE: (dy_, x_, s, b, i)}[mode]
+        outs = tuple(_LN_OPS[mode].bind(*operands, axis=axis, batch=0))
+        outs = ref.finish_ln(outs + (None,) * (3 - len(outs)), x.dtype, scale)
+        return outs[:2] if mode == ref.SIMPLIFIED else outs
+    return kernel
 
 
 def ln_jvp(mode, tx, ts, tb, x, scale, mean, inv, axis):
@@ -337,9 +323,78 @@ def ln_jvp(mode, tx, ts, tb, x, scale, mean, inv, axis):
     return _LN_JVPS[mode](*tangents, x, small(scale, feat), *stats, axis=axis, batch=0)
 
 
-def layer_normalization_grad(Y_grad, X, scale, mean, inv_std_dev, axis=-1, epsilon=None,
-                             stash_type=None):
-    """ORT LayerNormalizationGrad -> (X_grad, scale_grad, bias_grad).
+def _bn_grad_kernel(dY, X, scale, mean, variance, *, epsilon):
+    (dy, x), small = ref.prepare_bn([dY, X], [scale, mean, variance])
+    dx, ds, db = _BN_GRAD.bind(dy, x, *small, batch=0)
+    return dx.astype(X.dtype), ds.astype(scale.dtype), db.astype(scale.dtype)
+
+
+def _bn_internal_kernel(X, scale, B, input_mean, input_var, *, epsilon, momentum,
+                        training_mode):
+    if not training_mode:
+        return ref.batch_norm_internal(X, scale, B, input_mean, input_var, epsilon, momentum,
+                                       training_mode=0)
+    (x,), small = ref.prepare_bn([X], [scale, B, input_mean, input_var])
+    y, rm, rv, sm, si = _BN_TRAIN.bind(x, *small, batch=0, epsilon=float(epsilon),
+                                       momentum=float(momentum))
+    t2 = input_mean.dtype
+    return y.astype(X.dtype), rm.astype(t2), rv.astype(t2), sm.astype(t2), si.astype(t2)
+
+
+# ------------------------------------------------------------------------------------------
+# The ORT ops. Matrix rows: X [N, C] normalised over C (axis -1: rows on dim 0, which shard),
+# statistics one per row; batch norms X [N, C, 4] (8+ samples a channel keep the variance off 0).
+
+
+def _stats_dtype(dtype):
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+def _make_ln(mode):
+    def make(rng, shape, dtype):
+        rows, feat = shape[:-1], shape[-1:]
+        big = lambda: jnp.asarray(rng.standard_normal(shape), dtype)
+        scale = jnp.asarray(rng.uniform(0.5, 1.5, feat) * rng.choice([-1, 1], feat), dtype)
+        mean = jnp.asarray(rng.standard_normal(rows) * 0.3, _stats_dtype(dtype))
+        inv = jnp.asarray(rng.uniform(0.5, 1.5, rows), _stats_dtype(dtype))
+        if mode == ref.LAYER:
+            return big(), big(), scale, mean, inv
+        if mode == ref.SIMPLIFIED:
+            return big(), big(), scale, inv
+        return big(), big(), scale, jnp.asarray(rng.standard_normal(feat), dtype), inv
+    return make
+
+
+def _make_bn(train):
+    def make(rng, shape, dtype):
+        c = shape[1]
+        full = tuple(shape) + (4,)
+        x = jnp.asarray(rng.standard_normal(full) * 2 + 0.5, dtype)
+        per = lambda v: jnp.asarray(v, dtype)
+        scale = per(rng.uniform(0.5, 1.5, c))
+        if train:
+            return (x, scale, per(rng.standard_normal(c)), per(rng.standard_normal(c)),
+                    per(rng.uniform(0.5, 2, c)))
+        return (per(rng.standard_normal(full)), x, scale, per(rng.standard_normal(c) * 0.3),
+                per(rng.uniform(0.5, 1.5, c)))
+    return make
+
+
+_MS = "com.microsoft"
+_ROWS = {"axis": -1}
+_BN_SHARD = ("batch norm reduces over N (dim 0) and the spatial dims: its kernels need them "
+             "whole (channel sharding: tests/test_norm.py)")
+
+layer_normalization_grad = define(
+    "layer_normalization_grad", ort=(_MS, "LayerNormalizationGrad"),
+    inputs=("Y_grad: float", "X: float", "scale: float", "mean: float", "inv_std_dev: float"),
+    outputs=("X_grad", "scale_grad", "bias_grad"),
+    attrs={"axis": -1, "epsilon": None, "stash_type": None},
+    check=_ln_check(("Y_grad", "X", "scale", "mean", "inv_std_dev"), 1),
+    kernel=_ln_kernel(ref.LAYER),
+    reference=lambda dy, x, scale, mean, inv, *, axis, **ignored:
+        ref.layer_normalization_grad(dy, x, scale, mean, inv, axis),
+    doc="""ORT LayerNormalizationGrad -> (X_grad, scale_grad, bias_grad).
 
     `epsilon` and `stash_type` are accepted and ignored: ORT's gradient builder copies them
     from the forward node, the kernel does not read them.
@@ -348,85 +403,74 @@ def layer_normalization_grad(Y_grad, X, scale, mean, inv_std_dev, axis=-1, epsil
     (LayerNormalization's outputs 1 and 2, any shape of that size). With xhat = (X - mean) *
     inv_std and B = Y_grad * scale * inv_std: X_grad = B - mean_row(B) - xhat * mean_row(B * xhat),
     scale_grad = sum_rows(Y_grad * xhat), bias_grad = sum_rows(Y_grad).
-    """
-    name = "layer_normalization_grad"
-    (dy, x, s, m, i), axis = _check_ln(name, ["Y_grad", "X", "scale", "mean", "inv_std_dev"],
-                                       [Y_grad, X, scale, mean, inv_std_dev], axis)
-    return ln_grad(ref.LAYER, dy, x, s, None, m, i, axis)
+    """,
+    matrix=Matrix(_make_ln(ref.LAYER), attrs=_ROWS, grad=(0, 1, 2, 3, 4)))
 
-
-def simplified_layer_normalization_grad(Y_grad, X, scale, inv_std_var, axis=-1, epsilon=None,
-                                        stash_type=None):
-    """ORT SimplifiedLayerNormalizationGrad (RMSNorm) -> (X_grad, scale_grad).
+simplified_layer_normalization_grad = define(
+    "simplified_layer_normalization_grad", ort=(_MS, "SimplifiedLayerNormalizationGrad"),
+    inputs=("Y_grad: float", "X: float", "scale: float", "inv_std_var: float"),
+    outputs=("X_grad", "scale_grad"), attrs={"axis": -1, "epsilon": None, "stash_type": None},
+    check=_ln_check(("Y_grad", "X", "scale", "inv_std_var"), 1),
+    kernel=_ln_kernel(ref.SIMPLIFIED),
+    reference=lambda dy, x, scale, inv, *, axis, **ignored:
+        ref.simplified_layer_normalization_grad(dy, x, scale, inv, axis),
+    doc="""ORT SimplifiedLayerNormalizationGrad (RMSNorm) -> (X_grad, scale_grad).
 
     `epsilon` and `stash_type` (copied by ORT's gradient builder) are ignored.
 
     xhat = X * inv_std_var; B = Y_grad * scale * inv_std_var; X_grad = B - xhat * mean_row(B * xhat);
     scale_grad = sum_rows(Y_grad * xhat).
-    """
-    name = "simplified_layer_normalization_grad"
-    (dy, x, s, i), axis = _check_ln(name, ["Y_grad", "X", "scale", "inv_std_var"],
-                                    [Y_grad, X, scale, inv_std_var], axis)
-    return ln_grad(ref.SIMPLIFIED, dy, x, s, None, None, i, axis)[:2]
+    """,
+    matrix=Matrix(_make_ln(ref.SIMPLIFIED), attrs=_ROWS, grad=(0, 1, 2, 3)))
 
-
-def invertible_layer_normalization_grad(Y_grad, Y, scale, bias, inv_std_var, axis=-1):
-    """ORT InvertibleLayerNormalizationGrad -> (X_grad, scale_grad, bias_grad).
+invertible_layer_normalization_grad = define(
+    "invertible_layer_normalization_grad", ort=(_MS, "InvertibleLayerNormalizationGrad"),
+    inputs=("Y_grad: float", "Y: float", "scale: float", "bias: float", "inv_std_var: float"),
+    outputs=("X_grad", "scale_grad", "bias_grad"), attrs={"axis": -1},
+    check=_ln_check(("Y_grad", "Y", "scale", "bias", "inv_std_var"), 2, same_xy=True),
+    kernel=_ln_kernel(ref.INVERTIBLE),
+    reference=lambda dy, y, scale, bias, inv, *, axis:
+        ref.invertible_layer_normalization_grad(dy, y, scale, bias, inv, axis),
+    doc="""ORT InvertibleLayerNormalizationGrad -> (X_grad, scale_grad, bias_grad).
 
     LayerNormalizationGrad with xhat reconstructed from the forward OUTPUT: (Y - bias) / scale
     (a zero scale gives inf/nan, as in ORT). X_grad has Y's dtype (ORT leaves it to the graph).
-    """
-    name = "invertible_layer_normalization_grad"
-    (dy, y, s, b, i), axis = _check_ln(name, ["Y_grad", "Y", "scale", "bias", "inv_std_var"],
-                                       [Y_grad, Y, scale, bias, inv_std_var], axis)
-    return ln_grad(ref.INVERTIBLE, dy, y, s, b, None, i, axis)
+    """,
+    matrix=Matrix(_make_ln(ref.INVERTIBLE), attrs=_ROWS, grad=(0, 1, 2, 3, 4)))
 
-
-def batch_normalization_grad(dY, X, scale, mean, variance, epsilon=None):
-    """ORT BatchNormalizationGrad -> (X_grad, scale_grad, bias_grad), channel axis 1.
+batch_normalization_grad = define(
+    "batch_normalization_grad", ort=(_MS, "BatchNormalizationGrad"),
+    inputs=("dY: float", "X: float", "scale: float", "mean: float", "variance: float"),
+    outputs=("X_grad", "scale_grad", "bias_grad"), attrs={"epsilon": REQUIRED},
+    check=_bn_check(("dY", "X"), ("scale",), ("mean", "variance")), kernel=_bn_grad_kernel,
+    reference=lambda *args, epsilon: ref.batch_normalization_grad(*args),
+    doc="""ORT BatchNormalizationGrad -> (X_grad, scale_grad, bias_grad), channel axis 1.
 
     `variance` must be the saved INVERSE std (BatchNormInternal output 4), which is what ORT's
     kernel reads despite the name; `epsilon` (required by ORT's schema) is therefore unused.
     m = N * prod(spatial), xhat = (X - mean) * inv_std: bias_grad = sum(dY), scale_grad =
     sum(dY * xhat), X_grad = scale * inv_std * (dY - bias_grad / m - xhat * scale_grad / m).
-    """
-    name = "batch_normalization_grad"
-    (dy, x), (s,), (m, i) = _check_bn(name, ["dY", "X"], [dY, X], ["scale"], [scale],
-                                      ["mean", "variance"], [mean, variance])
-    (dy_, x_), small = ref.prepare_bn([dy, x], [s, m, i])
-    dx, ds, db = _BN_GRAD(dy_, x_, *small, batch=0)
-    return dx.astype(x.dtype), ds.astype(s.dtype), db.astype(s.dtype)
+    """,
+    matrix=Matrix(_make_bn(False), attrs={"epsilon": 1e-5}, grad=(0, 1, 2, 3, 4), shard=False,
+                  skip=_BN_SHARD))
 
-
-def batch_norm_internal(X, scale, B, input_mean, input_var, epsilon=1e-5, momentum=0.9,
-                        training_mode=1):
-    """ORT BatchNormInternal -> (Y, running_mean, running_var, saved_mean, saved_inv_std).
+batch_norm_internal = define(
+    "batch_norm_internal", ort=(_MS, "BatchNormInternal"),
+    inputs=("X: float", "scale: float", "B: float", "input_mean: float", "input_var: float"),
+    outputs=("Y", "running_mean", "running_var", "saved_mean", "saved_inv_std"),
+    attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 1},
+    check=_bn_check(("X",), ("scale", "B"), ("input_mean", "input_var")),
+    kernel=_bn_internal_kernel, reference=ref.batch_norm_internal,
+    doc="""ORT BatchNormInternal -> (Y, running_mean, running_var, saved_mean, saved_inv_std).
 
     training_mode=1: statistics over N and the spatial dims, var biased; inv_std =
     1 / sqrt(var + epsilon); Y = scale * (X - mean) * inv_std + B; running_mean =
     momentum * input_mean + (1 - momentum) * mean, running_var likewise with var (ORT's CPU
     kernel uses the biased variance here too). training_mode=0: Y from input_mean/input_var
     (plain XLA) and the other four outputs None.
-    """
-    name = "batch_norm_internal"
-    (x,), (s, b), (m, v) = _check_bn(name, ["X"], [X], ["scale", "B"], [scale, B],
-                                     ["input_mean", "input_var"], [input_mean, input_var])
-    if not training_mode:
-        return ref.batch_norm_internal(x, s, b, m, v, epsilon, momentum, training_mode=0)
-    (x_,), small = ref.prepare_bn([x], [s, b, m, v])
-    y, rm, rv, sm, si = _BN_TRAIN(x_, *small, batch=0, epsilon=float(epsilon),
-                                  momentum=float(momentum))
-    t2 = m.dtype
-    return y.astype(x.dtype), rm.astype(t2), rv.astype(t2), sm.astype(t2), si.astype(t2)
+    """,
+    matrix=Matrix(_make_bn(True), grad=(0, 1, 2, 3, 4), shard=False, skip=_BN_SHARD))
 
 
 __all__ = ["batch_norm_internal", "batch_normalization_grad", "invertible_layer_normalization_grad",
            "layer_normalization_grad", "simplified_layer_normalization_grad"]
-
-ORT_OPS = {
-    ("com.microsoft", "LayerNormalizationGrad"): layer_normalization_grad,
-    ("com.microsoft", "SimplifiedLayerNormalizationGrad"): simplified_layer_normalization_grad,
-    ("com.microsoft", "InvertibleLayerNormalizationGrad"): invertible_layer_normalization_grad,
-    ("com.microsoft", "BatchNormalizationGrad"): batch_normalization_grad,
-    ("com.microsoft", "BatchNormInternal"): batch_norm_internal,
-}

@@ -12,7 +12,8 @@ then its update).
 AdamOptimizer and SGDOptimizer update one tensor per node and InplaceClipGradNorm is a norm
 plus one scale: XLA code, which fuses each into a loop or two per tensor.
 
-Sequence inputs are Python lists of arrays; sequence outputs are lists.
+Sequence inputs are Python lists of arrays; sequence outputs are lists. ORT's `lambda`
+attribute (AdamOptimizer, LambOptimizer) is a Python keyword: pass it as **{"lambda": v}.
 """
 import dataclasses
 
@@ -21,11 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxops._src import rules
 from jaxops._src.op import Factors, Op
+from jaxops._src.spec import Matrix, define
 from jaxops.reference import optim as ref
 
-_FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
-_INTS = (jnp.int32, jnp.int64)
+_MS = "com.microsoft"
 
 __all__ = ["adamw_optimizer", "sgd_optimizer_v2", "adam_optimizer", "sgd_optimizer",
            "lamb_optimizer", "inplace_clip_grad_norm"]
@@ -51,9 +53,8 @@ def _check_lists(names, lists, grads_index=1):
         if len({x.dtype for x in xs}) > 1:
             raise TypeError(f"the tensors of {name} must share one dtype")
         for x in xs:
-            if x.dtype not in _FLOATS:
-                raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, "
-                                f"got {x.dtype}")
+            if x.dtype not in rules.FLOATS:
+                raise TypeError(f"{name} must be {rules.FLOAT_WORDS}, got {x.dtype}")
     for i in range(n):
         shapes = {tuple(xs[i].shape) for xs in lists}
         if len(shapes) > 1:
@@ -71,14 +72,15 @@ def _check_lists(names, lists, grads_index=1):
                 raise TypeError(f"{name} must have the weights' dtype {wt}, got {xs[0].dtype}")
 
 
-def _as_list(xs, label, op="adamw_optimizer"):
+def _as_list(xs, label):
+    """A sequence input (a list or tuple of arrays) as a list of jax arrays."""
     if not isinstance(xs, (list, tuple)):
-        raise TypeError(f"jaxops.ops.{op}: {label} must be a list of arrays, got {type(xs).__name__}")
+        raise TypeError(f"{label} must be a list of arrays, got {type(xs).__name__}")
     return [jnp.asarray(x) for x in xs]
 
 
 def _signal(update_signal):
-    return jnp.ones((1,), bool) if update_signal is None else jnp.asarray(update_signal)
+    return jnp.ones((1,), bool) if update_signal is None else update_signal
 
 
 def _concrete(value):
@@ -89,6 +91,14 @@ def _concrete(value):
         return float(value)
     except jax.errors.ConcretizationTypeError:
         return None
+
+
+def _attributes(extra):
+    """ORT's `lambda` (a Python keyword, so it arrives in **attributes), default 0."""
+    unknown = sorted(set(extra) - {"lambda"})
+    if unknown:
+        raise TypeError(f"unexpected attribute(s) {', '.join(unknown)}")
+    return extra.get("lambda", 0.0)
 
 
 # ---- multi-tensor kernels: flat operands (scalars..., list 0..., list 1..., ...) ----------------
@@ -163,7 +173,7 @@ def _aliases(n_scalars, updated_lists):
 # AdamW: operands (lr, step, signal, w..., g..., m1..., m2...) -> (flag, w..., m1..., m2...)
 def _adamw_shape(lr, step, signal, *tensors, count, **attrs):
     _one(lr, "lr", (jnp.float32,), "float32")
-    _one(step, "step", _INTS, "int64 (or int32)")
+    _one(step, "step", rules.INDEX, "int64 (or int32)")
     _one(signal, "update_signal", (jnp.bool_,), "bool")
     if attrs["adam_mode"] not in (0, 1):
         raise ValueError(f"adam_mode must be 0 or 1, got {attrs['adam_mode']}")
@@ -229,7 +239,7 @@ def _lamb_shape(signal, loss_scale, norm, lr, step, hyper, *tensors, count, new_
     _one(signal, "update_signal", (jnp.bool_,), "bool")
     for x, label in ((loss_scale, "loss_scale"), (norm, "gradient_norm"), (lr, "R")):
         _one(x, label, (jnp.float32,), "float32")
-    _one(step, "step", _INTS, "int64 (or int32)")
+    _one(step, "step", rules.INDEX, "int64 (or int32)")
     if hyper.shape != (count, 5) or hyper.dtype != jnp.float32:
         raise ValueError(f"hyper must be float32 [{count}, 5], got {hyper.dtype}{hyper.shape}")
     lists = [tensors[k * count:(k + 1) * count] for k in range(4)]
@@ -281,10 +291,77 @@ _LAMB = Op("lamb_optimizer", shape=_lamb_shape, reference=_lamb_ref, batch=_lamb
            factors=_lamb_factors)
 
 
-def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, update_signal=None,
-                    *, alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.01, correct_bias=1,
-                    adam_mode=0):
-    """ORT AdamWOptimizer over lists of tensors: (updated_flag, weights, momentums_1, momentums_2).
+# ---- AdamWOptimizer, SGDOptimizerV2: the multi-tensor kernels -------------------------------
+
+def _adamw_lists(weights, gradients, momentums_1, momentums_2):
+    return [_as_list(x, n) for x, n in ((weights, "weights"), (gradients, "gradients"),
+                                        (momentums_1, "momentums_1"),
+                                        (momentums_2, "momentums_2"))]
+
+
+def _adamw_check(lr, step, weights, gradients, momentums_1, momentums_2, update_signal, *,
+                 alpha, beta, epsilon, weight_decay, correct_bias, adam_mode):
+    lists = _adamw_lists(weights, gradients, momentums_1, momentums_2)
+    _adamw_shape(lr, step, _signal(update_signal), *[x for xs in lists for x in xs],
+                 count=len(lists[0]), correct_bias=correct_bias, adam_mode=adam_mode)
+
+
+def _adamw_kernel(lr, step, weights, gradients, momentums_1, momentums_2, update_signal,
+                  **attrs):
+    lists = _adamw_lists(weights, gradients, momentums_1, momentums_2)
+    hyper = {k: attrs[k] for k in ("alpha", "beta", "epsilon", "weight_decay")}
+    static = {k: _concrete(v) for k, v in hyper.items()}
+    if None in static.values():  # traced: XLA code
+        return _adamw_reference(lr, step, *lists, update_signal, **attrs)
+    count = len(lists[0])
+    out = _ADAMW.bind(lr, step, _signal(update_signal), *[x for xs in lists for x in xs],
+                      count=count, correct_bias=attrs["correct_bias"],
+                      adam_mode=attrs["adam_mode"], **static)
+    return (out[0], list(out[1:1 + count]), list(out[1 + count:1 + 2 * count]),
+            list(out[1 + 2 * count:]))
+
+
+def _adamw_reference(lr, step, weights, gradients, momentums_1, momentums_2, update_signal,
+                     **attrs):
+    lists = _adamw_lists(weights, gradients, momentums_1, momentums_2)
+    flag, w, m1, m2 = ref.adamw_optimizer(lr, step, *lists, _signal(update_signal), **attrs)
+    return flag, w, m1, m2
+
+
+def _normal(rng, shape, dtype, scale=1.0):
+    return jnp.asarray(scale * rng.standard_normal(shape), dtype)
+
+
+def _optimizer_lists(rng, shape, dtype):
+    """Two tensors (of `shape` and of its first dim): weights, gradients, moments. The second
+    moments stay away from 0, where 1/sqrt(m2) curves too fast for finite differences."""
+    shapes = (shape, shape[:1])
+    w = [_normal(rng, s, dtype) for s in shapes]
+    g = [_normal(rng, s, dtype) for s in shapes]
+    m1 = [_normal(rng, s, dtype, 0.1) for s in shapes]
+    m2 = [jnp.asarray(0.5 + np.abs(0.1 * rng.standard_normal(s)), dtype) for s in shapes]
+    return w, g, m1, m2
+
+
+_LR = lambda rng: jnp.asarray([rng.uniform(0.01, 0.1)], jnp.float32)  # noqa: E731
+_LISTS_SKIP = ("the lists (ORT sequences) are not arrays the harness can stack or shard; "
+               "tests/test_optim.py runs vmap (every list batched or not, lr and step) and "
+               "sharded lists")
+
+# lr is kind "array": ORT takes float32 only, which the shape rule says ("lr must be float32")
+adamw_optimizer = define(
+    "adamw_optimizer", ort=(_MS, "AdamWOptimizer"),
+    inputs=("lr", "step: index", "weights: any", "gradients: any", "momentums_1: any",
+            "momentums_2: any", "update_signal?: bool"),
+    outputs=("updated_flag", "updated_weights", "updated_momentums_1", "updated_momentums_2"),
+    attrs={"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 0.01,
+           "correct_bias": 1, "adam_mode": 0},
+    check=_adamw_check, kernel=_adamw_kernel, reference=_adamw_reference,
+    in_place={2: 1, 4: 2, 5: 3},
+    roles={"lr": "lr", "step": "step", "params": "weights", "grads": "gradients",
+           "moments": ("momentums_1", "momentums_2")},
+    doc="""ORT AdamWOptimizer over lists of tensors: (updated_flag, weights, momentums_1,
+    momentums_2).
 
     `step` is used as given: ORT's step is 1-based and the op does NOT increment it (the caller
     does); step 0 with correct_bias=1 divides by zero (NaN), as in ORT. correct_bias=0 needs
@@ -299,69 +376,111 @@ def adamw_optimizer(lr, step, weights, gradients, momentums_1, momentums_2, upda
     alias their inputs (donate them to update in place). alpha, beta, epsilon and weight_decay
     may be traced scalars (jit arguments, optax.inject_hyperparams): the kernel takes them as
     attributes, so such a call runs the reference as XLA code (same math, no kernel).
-    """
-    lists = [_as_list(x, n) for x, n in ((weights, "weights"), (gradients, "gradients"),
-                                         (momentums_1, "momentums_1"), (momentums_2, "momentums_2"))]
-    count = len(lists[0])
-    hyper = dict(alpha=alpha, beta=beta, epsilon=epsilon, weight_decay=weight_decay)
-    static = {k: _concrete(v) for k, v in hyper.items()}
-    args = (jnp.asarray(lr), jnp.asarray(step), _signal(update_signal),
-            *[x for xs in lists for x in xs])
-    modes = dict(count=count, correct_bias=correct_bias, adam_mode=adam_mode)
-    if None in static.values():  # traced: XLA code, validated as the kernel path is
-        _ADAMW.check(*args, **modes, **dict.fromkeys(hyper, 0.0))
-        out = _adamw_ref(*args, **modes, **hyper)
-    else:
-        out = _ADAMW(*args, **modes, **static)
-    return out[0], list(out[1:1 + count]), list(out[1 + count:1 + 2 * count]), list(out[1 + 2 * count:])
+    """,
+    matrix=Matrix(lambda rng, shape, dtype: (_LR(rng), jnp.asarray([3], jnp.int32),
+                                             *_optimizer_lists(rng, shape, dtype)),
+                  grad=(2, 3, 4, 5), vmap=False, shard=False, skip=_LISTS_SKIP))
 
 
-def sgd_optimizer_v2(lr, weights, gradients, update_signal=None):
-    """ORT SGDOptimizerV2 over lists of tensors: (update_completed, weights), w -= lr * g.
+def _sgd_lists(weights, gradients):
+    return _as_list(weights, "weights"), _as_list(gradients, "gradients")
+
+
+def _sgd_check(lr, weights, gradients, update_signal):
+    w, g = _sgd_lists(weights, gradients)
+    _sgd_shape(lr, _signal(update_signal), *w, *g, count=len(w))
+
+
+def _sgd_kernel(lr, weights, gradients, update_signal):
+    w, g = _sgd_lists(weights, gradients)
+    out = _SGD_V2.bind(lr, _signal(update_signal), *w, *g, count=len(w))
+    return out[0], list(out[1:])
+
+
+def _sgd_reference(lr, weights, gradients, update_signal):
+    return ref.sgd_optimizer_v2(lr, *_sgd_lists(weights, gradients), _signal(update_signal))
+
+
+sgd_optimizer_v2 = define(
+    "sgd_optimizer_v2", ort=(_MS, "SGDOptimizerV2"),
+    inputs=("lr", "weights: any", "gradients: any", "update_signal?: bool"),
+    outputs=("update_completed", "updated_weights"),
+    check=_sgd_check, kernel=_sgd_kernel, reference=_sgd_reference, in_place={1: 1},
+    roles={"lr": "lr", "step": None, "params": "weights", "grads": "gradients", "moments": ()},
+    doc="""ORT SGDOptimizerV2 over lists of tensors: (update_completed, weights), w -= lr * g.
 
     update_signal False leaves the weights unchanged and returns False; the flag has lr's shape.
     lr: one float32. Gradients have the weights' dtype, or f16/bf16 with f32 weights. The
     weights alias their inputs (donate them to update in place).
-    """
-    weights = _as_list(weights, "weights", "sgd_optimizer_v2")
-    gradients = _as_list(gradients, "gradients", "sgd_optimizer_v2")
-    out = _SGD_V2(lr, _signal(update_signal), *weights, *gradients, count=len(weights))
-    return out[0], list(out[1:])
+    """,
+    matrix=Matrix(lambda rng, shape, dtype: (_LR(rng), *_optimizer_lists(rng, shape, dtype)[:2]),
+                  grad=(1, 2), vmap=False, shard=False, skip=_LISTS_SKIP))
 
 
 # ---- single-tensor and norm-based ops: XLA code ---------------------------------------------
 
-def _error(name, e):
-    return type(e)(f"jaxops.ops.{name}: {e}")
+def _sgd_optimizer_check(ETA, W, G):
+    _one(ETA, "ETA", rules.FLOATS, "a float")
+    _check_lists(["W", "G"], [[W], [G]])
 
 
-def _check(name, fn):
-    try:
-        fn()
-    except (TypeError, ValueError) as e:
-        raise _error(name, e) from None
-
-
-def sgd_optimizer(ETA, W, G):
-    """ORT SGDOptimizer (legacy, one tensor): (NW, NG) = (W - ETA*G, -ETA*G).
+sgd_optimizer = define(
+    "sgd_optimizer", ort=(_MS, "SGDOptimizer"), inputs=("ETA: float", "W: float", "G: float"),
+    outputs=("NW", "NG"), check=_sgd_optimizer_check, reference=ref.sgd_optimizer,
+    doc="""ORT SGDOptimizer (legacy, one tensor): (NW, NG) = (W - ETA*G, -ETA*G).
 
     XLA code: one elementwise fusion, which a kernel would not beat.
-    """
-    ETA, W, G = map(jnp.asarray, (ETA, W, G))
-
-    def check():
-        _one(ETA, "ETA", _FLOATS, "a float")
-        _check_lists(["W", "G"], [[W], [G]])
-    _check("sgd_optimizer", check)
-    return ref.sgd_optimizer(ETA, W, G)
+    """,
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, (1,), dtype), _normal(rng, shape, dtype),
+                                             _normal(rng, shape, dtype)), grad=(0, 1, 2)))
 
 
-def adam_optimizer(R, T, weights, gradients, moment_1, moment_2, mixed_precision_weights=None,
-                   loss_scale=None, global_gradient_norm=None, update_signal=None, *, alpha=0.9,
-                   beta=0.999, epsilon=1e-8, max_norm_clip=1.0, do_bias_correction=1,
-                   weight_decay_mode=0, **kwargs):
-    """ORT AdamOptimizer (legacy, one tensor): (new_T, new_moment_1, new_moment_2, new_weights,
-    new_gradients, new_mixed_precision_weights or None). `lambda` (default 0) arrives in kwargs.
+def _mixed_precision_copy(mpw, w):
+    if mpw is not None and (mpw.dtype not in (jnp.float16, jnp.bfloat16)
+                            or mpw.shape != w.shape):
+        raise TypeError("mixed_precision_weights must be f16/bf16 of the weights' shape")
+
+
+def _adam_check(R, T, weights, gradients, moment_1, moment_2, mixed_precision_weights,
+                loss_scale, global_gradient_norm, update_signal, **attrs):
+    _attributes({k: v for k, v in attrs.items() if k not in _ADAM_ATTRS})
+    _one(R, "R", rules.FLOATS, "a float")
+    _one(T, "T", rules.INDEX, "int64 (or int32)")
+    _check_lists(["weights", "gradients", "moment_1", "moment_2"],
+                 [[weights], [gradients], [moment_1], [moment_2]])
+    _mixed_precision_copy(mixed_precision_weights, weights)
+    if update_signal is not None:
+        rules.flag("update_signal", update_signal)
+
+
+def _adam_reference(R, T, weights, gradients, moment_1, moment_2, mixed_precision_weights,
+                    loss_scale, global_gradient_norm, update_signal, **attrs):
+    lam = attrs.pop("lambda", 0.0)
+    return ref.adam_optimizer(R, T, weights, gradients, moment_1, moment_2,
+                              mixed_precision_weights, loss_scale, global_gradient_norm,
+                              update_signal, lambda_=lam, **attrs)
+
+
+_ADAM_ATTRS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "max_norm_clip": 1.0,
+               "do_bias_correction": 1, "weight_decay_mode": 0}
+
+
+def _adam_inputs(rng, shape, dtype):
+    w, g, m1, m2 = (x[0] for x in _optimizer_lists(rng, shape, dtype))
+    return _normal(rng, (1,), dtype, 0.1), jnp.asarray([3], jnp.int32), w, g, m1, m2
+
+
+adam_optimizer = define(
+    "adam_optimizer", ort=(_MS, "AdamOptimizer"),
+    inputs=("R: float", "T: index", "weights: float", "gradients: float", "moment_1: float",
+            "moment_2: float", "mixed_precision_weights?: float", "loss_scale?: float",
+            "global_gradient_norm?: float", "update_signal?: bool"),
+    outputs=("new_T", "new_moment_1", "new_moment_2", "new_weights", "new_gradients",
+             "new_mixed_precision_weights"),
+    attrs=_ADAM_ATTRS, extra_attrs=True, check=_adam_check, reference=_adam_reference,
+    doc="""ORT AdamOptimizer (legacy, one tensor): (new_T, new_moment_1, new_moment_2,
+    new_weights, new_gradients, new_mixed_precision_weights or None). `lambda` (default 0) is
+    a Python keyword: pass it as **{"lambda": v}.
 
     CUDA semantics: g = gradients / s with s the loss scale, or global_gradient_norm /
     max_norm_clip when norm / loss_scale > max_norm_clip; bias corrections 1 - alpha^T,
@@ -369,31 +488,13 @@ def adam_optimizer(R, T, weights, gradients, moment_1, moment_2, mixed_precision
     update_signal False passes everything through and does not increment T. (ORT's CPU kernel
     ignores loss_scale, the norm and update_signal.)
     XLA code: one elementwise fusion per tensor, which a kernel would not beat.
-    """
-    lam = kwargs.pop("lambda", 0.0)
-    if kwargs:
-        raise TypeError(f"jaxops.ops.adam_optimizer: unexpected attributes {sorted(kwargs)}")
-    args = [None if x is None else jnp.asarray(x) for x in
-            (R, T, weights, gradients, moment_1, moment_2, mixed_precision_weights, loss_scale,
-             global_gradient_norm, update_signal)]
-    R, T, weights, gradients, moment_1, moment_2, mpw, loss_scale, norm, update_signal = args
+    """,
+    matrix=Matrix(_adam_inputs, attrs={"lambda": 0.01}, grad=(0, 2, 3, 4, 5), shard=False,
+                  skip="the first output is the one-element step count new_T, which the harness "
+                       "would find unsharded; tests/test_optim.py checks sharded tensors"))
 
-    def check():
-        _one(R, "R", _FLOATS, "a float")
-        _one(T, "T", _INTS, "int64 (or int32)")
-        _check_lists(["weights", "gradients", "moment_1", "moment_2"],
-                     [[weights], [gradients], [moment_1], [moment_2]])
-        if mpw is not None and (mpw.dtype not in (jnp.float16, jnp.bfloat16)
-                                or mpw.shape != weights.shape):
-            raise TypeError("mixed_precision_weights must be f16/bf16 of the weights' shape")
-        if update_signal is not None:
-            _one(update_signal, "update_signal", (jnp.bool_,), "bool")
-    _check("adam_optimizer", check)
-    return ref.adam_optimizer(R, T, weights, gradients, moment_1, moment_2, mpw, loss_scale, norm,
-                              update_signal, alpha=alpha, beta=beta, lambda_=lam, epsilon=epsilon,
-                              max_norm_clip=max_norm_clip, do_bias_correction=do_bias_correction,
-                              weight_decay_mode=weight_decay_mode)
 
+# ---- LambOptimizer ------------------------------------------------------------------------
 
 def _per_group(value, n, name):
     value = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * n
@@ -410,16 +511,128 @@ def _hyper(columns):
                      axis=1)
 
 
-def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, alpha=0.9,
-                   beta=0.999, epsilon=1e-6, max_norm_clip=1.0, ratio_min=-np.inf,
-                   ratio_max=np.inf, do_bias_correction=1, new_gradients=True, **kwargs):
-    """ORT LambOptimizer. `groups` are ORT's variadic inputs, 5 per group: weights, gradients,
-    moment1, moment2, mixed_precision_weights (None when absent). Per-group attributes
-    (alpha, beta, lambda, epsilon, max_norm_clip) are lists (a scalar applies to every group);
-    `lambda` (default 0) arrives in kwargs. Returns (new_step or None, then per group
-    new_weights, new_gradients, new_moment_1, new_moment_2, new_mixed_precision_weights or None).
-    new_gradients=False (not an ORT attribute: the importer sets it when the graph leaves every
-    new_gradients output out) returns None for them, and the kernel does not write them.
+def _lamb_groups(groups):
+    """ORT's variadic inputs, 5 per group (a missing last mixed-precision copy is None)."""
+    groups = list(groups)
+    if len(groups) % 5 == 4:
+        groups.append(None)
+    conv = lambda x: None if x is None else jnp.asarray(x)  # noqa: E731
+    return [tuple(conv(x) for x in groups[i:i + 5]) for i in range(0, len(groups), 5)]
+
+
+def _lamb_hyper(n, alpha, beta, epsilon, max_norm_clip, attributes):
+    lam = _attributes(attributes)
+    return [_per_group(v, n, name) for v, name in
+            ((alpha, "alpha"), (beta, "beta"), (lam, "lambda"), (epsilon, "epsilon"),
+             (max_norm_clip, "max_norm_clip"))]
+
+
+def _lamb_check(update_signal, loss_scale, gradient_norm, R, step, *groups, alpha, beta,
+                epsilon, max_norm_clip, ratio_min, ratio_max, do_bias_correction,
+                new_gradients, **attributes):
+    groups = _lamb_groups(groups)
+    if any(x is None for g in groups for x in g[:4]):
+        raise ValueError("every group needs weights, gradients, moment1 and moment2")
+    if R is None:
+        raise ValueError("R (the learning rate) is required")
+    _one(R, "R", rules.FLOATS, "a float")
+    if step is not None:
+        _one(step, "step", rules.INDEX, "int64 (or int32)")
+    if update_signal is not None:
+        rules.flag("update_signal", update_signal)
+    for w, g, m1, m2, mpw in groups:
+        _check_lists(["weights", "gradients", "moment1", "moment2"], [[w], [g], [m1], [m2]])
+        _mixed_precision_copy(mpw, w)
+    _lamb_hyper(len(groups), alpha, beta, epsilon, max_norm_clip, attributes)
+
+
+def _lamb_reference(update_signal, loss_scale, gradient_norm, R, step, *groups, alpha, beta,
+                    epsilon, max_norm_clip, ratio_min, ratio_max, do_bias_correction,
+                    new_gradients, **attributes):
+    groups = _lamb_groups(groups)
+    al, be, la, ep, mx = _lamb_hyper(len(groups), alpha, beta, epsilon, max_norm_clip,
+                                     attributes)
+    new_step, outs = ref.lamb_optimizer(
+        update_signal, loss_scale, gradient_norm, R, step, groups, alpha=al, beta=be,
+        lambda_=la, epsilon=ep, max_norm_clip=mx, ratio_min=ratio_min, ratio_max=ratio_max,
+        do_bias_correction=do_bias_correction)
+    keep = (True, bool(new_gradients), True, True, True)
+    return (new_step, *[x if k else None for group in outs for x, k in zip(group, keep)])
+
+
+def _lamb_fast(update_signal, loss_scale, gradient_norm, R, step, *groups, ratio_min,
+               ratio_max, do_bias_correction, new_gradients, **hyper):
+    """The kernel where it fits (f32 weights and moments, one gradient dtype, concrete
+    ratio_min/ratio_max: kernel attributes), else the reference."""
+    kw = dict(ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction,
+              new_gradients=new_gradients)
+    groups = _lamb_groups(groups)
+    static_ratios = None not in (_concrete(ratio_min), _concrete(ratio_max))
+    if not (static_ratios and _lamb_kernel_fits(groups, R, loss_scale, gradient_norm)):
+        return _lamb_reference(update_signal, loss_scale, gradient_norm, R, step,
+                               *[x for g in groups for x in g], **kw, **hyper)
+    attributes = {k: v for k, v in hyper.items()
+                  if k not in ("alpha", "beta", "epsilon", "max_norm_clip")}
+    columns = _lamb_hyper(len(groups), hyper["alpha"], hyper["beta"], hyper["epsilon"],
+                          hyper["max_norm_clip"], attributes)
+    return _lamb_kernel(update_signal, loss_scale, gradient_norm, R, step, groups,
+                        _hyper(columns), new_gradients=bool(new_gradients),
+                        ratio_min=ratio_min, ratio_max=ratio_max,
+                        do_bias_correction=do_bias_correction)
+
+
+def _lamb_kernel_fits(groups, *scalars):
+    """The kernel takes f32 weights and moments and one gradient dtype for all groups."""
+    if not groups or any(x is not None and x.dtype == jnp.float64 for x in scalars):
+        return False
+    g_types = {g[1].dtype for g in groups}
+    return (all(x.dtype == jnp.float32 for g in groups for x in (g[0], g[2], g[3]))
+            and len(g_types) == 1 and g_types <= set(rules.FLOATS[:3]))
+
+
+def _lamb_kernel(signal, loss_scale, norm, R, step, groups, hyper, new_gradients, **kw):
+    count = len(groups)
+    f32 = lambda x, default: jnp.reshape(jnp.asarray(default if x is None else x, jnp.float32), (1,))  # noqa: E731
+    step_in = jnp.zeros((1,), jnp.int32) if step is None else step
+    out = _LAMB.bind(_signal(signal), f32(loss_scale, 1.0), f32(norm, 0.0), f32(R, 0.0), step_in,
+                     jnp.asarray(hyper), *[g[k] for k in range(4) for g in groups], count=count,
+                     has_step=int(step is not None), has_norm=int(norm is not None),
+                     new_gradients=int(new_gradients), **kw)
+    new_step = None if step is None else out[0]
+    lists = [[None] * count for _ in range(4)]
+    for j, k in enumerate(_lamb_lists(new_gradients)):
+        lists[k] = out[1 + j * count:1 + (j + 1) * count]
+    flat = []
+    for i, (w, g, m1, m2, mpw) in enumerate(groups):
+        new_mpw = None
+        if mpw is not None:  # the low-precision copy follows the updated weights
+            new_mpw = jnp.where(_signal(signal).reshape(()), lists[0][i].astype(mpw.dtype), mpw)
+        flat += [lists[0][i], lists[1][i], lists[2][i], lists[3][i], new_mpw]
+    return (new_step, *flat)
+
+
+def _lamb_graph(ctx, *inputs):
+    """LambOptimizer writes new gradients only where the graph names one (output 2 + 5i)."""
+    return {"new_gradients": any(ctx.output_used(i) for i in range(2, ctx.num_outputs, 5))}
+
+
+lamb_optimizer = define(
+    "lamb_optimizer", ort=(_MS, "LambOptimizer"),
+    inputs=("update_signal?: bool", "loss_scale?: float", "gradient_norm?: float", "R?: float",
+            "step?: index", "*groups?: any"),
+    outputs=("new_step", "*groups"),
+    attrs={"alpha": 0.9, "beta": 0.999, "epsilon": 1e-6, "max_norm_clip": 1.0,
+           "ratio_min": -np.inf, "ratio_max": np.inf, "do_bias_correction": 1},
+    options={"new_gradients": True}, extra_attrs=True, graph=_lamb_graph,
+    check=_lamb_check, kernel=_lamb_fast, reference=_lamb_reference,
+    doc="""ORT LambOptimizer. `groups` are ORT's variadic inputs, 5 per group: weights,
+    gradients, moment1, moment2, mixed_precision_weights (None when absent). Per-group
+    attributes (alpha, beta, lambda, epsilon, max_norm_clip) are lists (a scalar applies to
+    every group); `lambda` (default 0) is a Python keyword: pass it as **{"lambda": v}.
+    Returns (new_step or None, then per group new_weights, new_gradients, new_moment_1,
+    new_moment_2, new_mixed_precision_weights or None). new_gradients=False (not an ORT
+    attribute: the importer sets it when the graph leaves every new_gradients output out)
+    returns None for them, and the kernel does not write them.
 
     Per group: g /= s (as AdamOptimizer); m1, m2 as Adam; d = lambda*w + (m1/ac)/(sqrt(m2/bc)+eps)
     with ac, bc from step (1 when step is absent or <= 0, or without bias correction). Where d
@@ -434,107 +647,34 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, *groups, a
     the trust ratio needs each tensor's whole norm. The per-group attributes may be traced
     scalars (they reach the kernel as an operand); traced ratio_min/ratio_max (kernel
     attributes) run the reference.
-    """
-    lam = kwargs.pop("lambda", 0.0)
-    if kwargs:
-        raise TypeError(f"jaxops.ops.lamb_optimizer: unexpected attributes {sorted(kwargs)}")
-    conv = lambda x: None if x is None else jnp.asarray(x)
-    update_signal, loss_scale, gradient_norm, R, step = map(
-        conv, (update_signal, loss_scale, gradient_norm, R, step))
-    groups = list(groups)
-    if len(groups) % 5 == 4:
-        groups.append(None)
-    groups = [tuple(conv(x) for x in groups[i:i + 5]) for i in range(0, len(groups), 5)]
-    n = len(groups)
-
-    def check():
-        if len(groups) and any(x is None for g in groups for x in g[:4]):
-            raise ValueError("every group needs weights, gradients, moment1 and moment2")
-        if R is None:
-            raise ValueError("R (the learning rate) is required")
-        _one(R, "R", _FLOATS, "a float")
-        if step is not None:
-            _one(step, "step", _INTS, "int64 (or int32)")
-        if update_signal is not None:
-            _one(update_signal, "update_signal", (jnp.bool_,), "bool")
-        for w, g, m1, m2, mpw in groups:
-            _check_lists(["weights", "gradients", "moment1", "moment2"], [[w], [g], [m1], [m2]])
-            if mpw is not None and (mpw.dtype not in (jnp.float16, jnp.bfloat16)
-                                    or mpw.shape != w.shape):
-                raise TypeError("mixed_precision_weights must be f16/bf16 of the weights' shape")
-        return [_per_group(v, n, name) for v, name in
-                ((alpha, "alpha"), (beta, "beta"), (lam, "lambda"), (epsilon, "epsilon"),
-                 (max_norm_clip, "max_norm_clip"))]
-    try:
-        al, be, la, ep, mx = check()
-    except (TypeError, ValueError) as e:
-        raise _error("lamb_optimizer", e) from None
-    kw = dict(ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=do_bias_correction)
-    # ratio_min/ratio_max are kernel attributes: traced ones run the reference
-    static_ratios = None not in (_concrete(ratio_min), _concrete(ratio_max))
-    if static_ratios and _lamb_kernel_fits(groups, R, loss_scale, gradient_norm):
-        return _lamb_kernel(update_signal, loss_scale, gradient_norm, R, step, groups,
-                            _hyper([al, be, la, ep, mx]), new_gradients=bool(new_gradients),
-                            **kw)
-    new_step, outs = ref.lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, groups,
-                                        alpha=al, beta=be, lambda_=la, epsilon=ep,
-                                        max_norm_clip=mx, **kw)
-    keep = (True, bool(new_gradients), True, True, True)
-    return (new_step, *[x if k else None for group in outs for x, k in zip(group, keep)])
+    """,
+    no_matrix="the kernel takes f32 weights only and the matrix's JAXOPS_DISABLE check runs "
+              "f64 inputs (no kernel then) at 1e-9; vmap runs the reference and sharded "
+              "tensors are gathered (the trust ratio needs whole norms): tests/test_optim.py "
+              "checks the kernel against the reference, jit, donation, vmap and sharding")
 
 
-def _lamb_kernel_fits(groups, *scalars):
-    """The kernel takes f32 weights and moments and one gradient dtype for all groups."""
-    if not groups or any(x is not None and x.dtype == jnp.float64 for x in scalars):
-        return False
-    g_types = {g[1].dtype for g in groups}
-    return (all(x.dtype == jnp.float32 for g in groups for x in (g[0], g[2], g[3]))
-            and len(g_types) == 1 and g_types <= {jnp.dtype(t) for t in _FLOATS[:3]})
+# ---- InplaceClipGradNorm ------------------------------------------------------------------
+
+def _clip_check(gradients, *, max_norm, norm_type):
+    gradients = _as_list(gradients, "gradients")
+    if norm_type != "fro":
+        raise ValueError(f"norm_type must be 'fro', got {norm_type!r}")
+    if gradients:
+        _check_lists(["gradients"], [gradients], grads_index=None)
 
 
-def _lamb_kernel(signal, loss_scale, norm, R, step, groups, hyper, new_gradients, **kw):
-    count = len(groups)
-    f32 = lambda x, default: jnp.reshape(jnp.asarray(default if x is None else x, jnp.float32), (1,))
-    step_in = jnp.zeros((1,), jnp.int32) if step is None else step
-    out = _LAMB(_signal(signal), f32(loss_scale, 1.0), f32(norm, 0.0), f32(R, 0.0), step_in,
-                jnp.asarray(hyper), *[g[k] for k in range(4) for g in groups], count=count,
-                has_step=int(step is not None), has_norm=int(norm is not None),
-                new_gradients=int(new_gradients), **kw)
-    new_step = None if step is None else out[0]
-    lists = [[None] * count for _ in range(4)]
-    for j, k in enumerate(_lamb_lists(new_gradients)):
-        lists[k] = out[1 + j * count:1 + (j + 1) * count]
-    flat = []
-    for i, (w, g, m1, m2, mpw) in enumerate(groups):
-        new_mpw = None
-        if mpw is not None:  # the low-precision copy follows the updated weights
-            new_mpw = jnp.where(_signal(signal).reshape(()), lists[0][i].astype(mpw.dtype), mpw)
-        flat += [lists[0][i], lists[1][i], lists[2][i], lists[3][i], new_mpw]
-    return (new_step, *flat)
-
-
-def inplace_clip_grad_norm(gradients, *, max_norm=1.0, norm_type="fro"):
-    """ORT InplaceClipGradNorm: every gradient times min(max_norm / (total_norm + 1e-6), 1),
+inplace_clip_grad_norm = define(
+    "inplace_clip_grad_norm", ort=(_MS, "InplaceClipGradNorm"), inputs=("gradients: any",),
+    outputs=("clipped_gradients",), attrs={"max_norm": 1.0, "norm_type": "fro"},
+    check=_clip_check, in_place={0: 0},
+    reference=lambda gradients, *, max_norm, norm_type: ref.inplace_clip_grad_norm(
+        _as_list(gradients, "gradients"), max_norm=max_norm),
+    doc="""ORT InplaceClipGradNorm: every gradient times min(max_norm / (total_norm + 1e-6), 1),
     total_norm the L2 norm over all of them (computed in f32, f64 for f64). Returns the list.
     XLA code (a reduction per tensor and one scale each).
-    """
-    gradients = _as_list(gradients, "gradients", "inplace_clip_grad_norm")
-
-    def check():
-        if norm_type != "fro":
-            raise ValueError(f"norm_type must be 'fro', got {norm_type!r}")
-        if gradients:
-            _check_lists(["gradients"], [gradients], grads_index=None)
-    _check("inplace_clip_grad_norm", check)
-    return ref.inplace_clip_grad_norm(gradients, max_norm=max_norm)
-
-
-_MS = "com.microsoft"
-ORT_OPS = {
-    (_MS, "AdamWOptimizer"): adamw_optimizer,
-    (_MS, "SGDOptimizerV2"): sgd_optimizer_v2,
-    (_MS, "AdamOptimizer"): adam_optimizer,
-    (_MS, "SGDOptimizer"): sgd_optimizer,
-    (_MS, "LambOptimizer"): lamb_optimizer,
-    (_MS, "InplaceClipGradNorm"): inplace_clip_grad_norm,
-}
+    """,
+    matrix=Matrix(lambda rng, shape, dtype: (_optimizer_lists(rng, shape, dtype)[1],),
+                  grad=(0,), vmap=False, shard=False,
+                  skip="the gradients are a list (an ORT sequence), which the harness cannot "
+                       "stack or shard; tests/test_optim.py runs vmap and a sharded list"))

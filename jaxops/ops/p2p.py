@@ -40,12 +40,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxops._src import rules
 from jaxops._src.compat import mark_varying, varying_axes
-from jaxops.ops._args import static_inputs
+from jaxops._src.spec import REQUIRED, define
 
 PIPELINE_AXIS = "pipe"
 _axis = contextvars.ContextVar("jaxops_pipeline_axis", default=None)
 _ALIGN = 256  # ORT's Send starts every tensor at a multiple of 256 bytes
+_MS = "com.microsoft"
+_NO_MATRIX = ("a transfer between ranks of a named mesh axis: it runs only inside "
+              "jax.shard_map/pmap with the pipeline axis bound, which the generic matrix does "
+              "not set up; tests/test_p2p.py checks it per rank, with grads and vmap there")
 
 # ONNX TensorProto element types that Send/Recv can carry (fixed-size, bitcastable to bytes)
 ELEMENT_TYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
@@ -79,121 +84,148 @@ class Send:
     axis_name: object
 
 
-def _static_rank(op, remote, what):
+def _rank(remote, label):
+    """A rank (ORT: an int64 scalar tensor) read on the host: it picks the ppermute's pairs,
+    so it must be known while tracing. (Not a `static` input, which is a 1-D int sequence.)"""
     try:
         value = np.asarray(remote)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        raise ValueError(f"jaxops.ops.{op}: {what} must be known while tracing (a Python int "
-                         "or a constant), not computed from traced data") from None
+        raise ValueError(f"{label} must be known while tracing (a Python int or a constant), "
+                         "not computed from traced data") from None
     if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
-        raise TypeError(f"jaxops.ops.{op}: {what} must be one integer (ORT: int64 scalar), got "
+        raise TypeError(f"{label} must be one integer (ORT: int64 scalar), got "
                         f"{value.dtype}{list(value.shape)}")
     return int(value.reshape(()))
 
 
-def _signal(op, signal, what):
+def _signal(signal, label):
+    """ORT's signals: one bool, which must be true where it is known while tracing. (An "any"
+    input: converted under jit, a constant would be a tracer and could not be checked.)"""
+    rules.flag(label, jnp.asarray(signal))
     try:  # known while tracing (a Python bool, numpy, a constant)?
         known = np.asarray(signal)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        known = None
-    signal = jnp.asarray(signal)
-    if signal.dtype != jnp.bool_ or signal.size != 1:
-        raise TypeError(f"jaxops.ops.{op}: {what} must be one bool, got "
-                        f"{signal.dtype}{list(signal.shape)}")
-    if known is not None and not known.reshape(()):
-        raise ValueError(f"jaxops.ops.{op}: {what} is false; ORT requires it true before the "
-                         "transfer runs")
-    return signal.reshape(())
+        return
+    if not known.reshape(()):
+        raise ValueError(f"{label} is false; ORT requires it true before the transfer runs")
 
 
-def _check_types(op, data, element_types, what):
+def _check_types(data, element_types, what):
     if element_types is None:
         return
     element_types = list(element_types)
     if len(element_types) != len(data):
-        raise ValueError(f"jaxops.ops.{op}: element_types lists {len(element_types)} types for "
-                         f"{len(data)} {what}")
+        raise ValueError(f"element_types lists {len(element_types)} types for {len(data)} {what}")
     for i, (t, x) in enumerate(zip(element_types, data)):
         if t not in ELEMENT_TYPES:
-            raise TypeError(f"jaxops.ops.{op}: element_types[{i}] = {t} is not a type Send/Recv "
-                            f"can carry (ONNX types {sorted(ELEMENT_TYPES)})")
+            raise TypeError(f"element_types[{i}] = {t} is not a type Send/Recv can carry "
+                            f"(ONNX types {sorted(ELEMENT_TYPES)})")
         want = jax.dtypes.canonicalize_dtype(ELEMENT_TYPES[t])
         if x.dtype != want:
-            raise TypeError(f"jaxops.ops.{op}: element_types[{i}] is {want} but {what} {i} is "
-                            f"{x.dtype}")
+            raise TypeError(f"element_types[{i}] is {want} but {what} {i} is {x.dtype}")
 
 
-def _data(op, data):
-    data = tuple(jnp.asarray(x) for x in data)
+def _check_data(data):
     if not data:
-        raise ValueError(f"jaxops.ops.{op}: needs at least one tensor to transfer")
+        raise ValueError("needs at least one tensor to transfer")
     for i, x in enumerate(data):
         if x.dtype not in [jax.dtypes.canonicalize_dtype(t) for t in ELEMENT_TYPES.values()]:
-            raise TypeError(f"jaxops.ops.{op}: tensor {i} is {x.dtype}; Send/Recv carry bool, "
-                            "integer and real float tensors")
-    return data
+            raise TypeError(f"data[{i}] is {x.dtype}; Send/Recv carry bool, integer and real "
+                            "float tensors")
 
 
-@static_inputs('remote')
-def send(input_signal, remote, *data, tag, element_types=None, axis_name=None) -> Send:
-    """ORT Send: `data` goes to rank `remote` of the pipeline axis. Returns a pending `Send`;
+def _send_check(input_signal, remote, *data, tag, element_types, axis_name):
+    _check_data(data)
+    _check_types(data, element_types, "Data")
+    _signal(input_signal, "input_signal")
+    _rank(remote, "remote")
+    rules.integer("tag", tag)
+
+
+def _send(input_signal, remote, *data, tag, element_types, axis_name):
+    return Send(jnp.asarray(input_signal).reshape(()), _rank(remote, "remote"), data, int(tag),
+                _axis_name(axis_name))
+
+
+send = define(
+    "send", ort=(_MS, "Send"), inputs=("input_signal: any", "remote: any", "*data: array"),
+    outputs=("OutputSignal",), attrs={"tag": REQUIRED, "element_types": None},
+    options={"axis_name": None}, check=_send_check, reference=_send, no_matrix=_NO_MATRIX,
+    doc="""ORT Send: `data` goes to rank `remote` of the pipeline axis. Returns a pending `Send`;
     the transfer happens in the `recv` that takes it (`recv(..., send=handle)`), which also
     gives this Send's OutputSignal (see the module docstring). element_types (ONNX type ints,
-    ORT's required attribute) is checked against the data when given."""
-    data = _data("send", data)
-    _check_types("send", data, element_types, "Data")
-    return Send(_signal("send", input_signal, "InputSignal"),
-                _static_rank("send", remote, "Remote"), data, int(tag), _axis_name(axis_name))
+    ORT's required attribute) is checked against the data when given.""")
 
 
-@static_inputs('remote')
-def recv(input_signal, remote, *, tag, element_types=None, send=None, axis_name=None):
-    """ORT Recv: (OutputSignal, *Data) received from rank `remote` of the pipeline axis. Under
+def _recv_check(input_signal, remote, *, tag, element_types, send, axis_name):
+    if not isinstance(send, Send):
+        raise TypeError("under SPMD a Recv completes a Send of the same program: pass "
+                        "send=jaxops.ops.send(...) (or use jaxops.ops.send_recv)")
+    axis = _axis_name(axis_name)
+    if send.tag != rules.integer("tag", tag):
+        raise ValueError(f"tag {tag} does not match the Send's tag {send.tag}")
+    if send.axis_name != axis:
+        raise ValueError(f"axis {axis!r} differs from the Send's {send.axis_name!r}")
+    _check_types(send.data, element_types, "sent tensor")
+    _signal(input_signal, "input_signal")
+    _check_ranks(_rank(remote, "remote"), send.destination, axis)
+
+
+def _recv(input_signal, remote, *, tag, element_types, send, axis_name):
+    return _transfer(jnp.logical_and(send.input_signal, jnp.asarray(input_signal).reshape(())),
+                     _rank(remote, "remote"), send.destination, send.data, send.axis_name)
+
+
+recv = define(
+    "recv", ort=(_MS, "Recv"), inputs=("input_signal: any", "remote: any"),
+    outputs=("OutputSignal", "Data"), attrs={"tag": REQUIRED, "element_types": None},
+    options={"send": None, "axis_name": None}, check=_recv_check, reference=_recv,
+    no_matrix=_NO_MATRIX,
+    doc="""ORT Recv: (OutputSignal, *Data) received from rank `remote` of the pipeline axis. Under
     SPMD it completes the pending `send` of the same transfer (its tag and axis must match);
     the destination rank receives the data, every other rank zeros. element_types (ONNX type
-    ints) is checked against the sent tensors when given."""
-    if not isinstance(send, Send):
-        raise TypeError("jaxops.ops.recv: under SPMD a Recv completes a Send of the same "
-                         "program: pass send=jaxops.ops.send(...) (or use jaxops.ops.send_recv)")
-    axis = _axis_name(axis_name)
-    if send.tag != int(tag):
-        raise ValueError(f"jaxops.ops.recv: tag {tag} does not match the Send's tag {send.tag}")
-    if send.axis_name != axis:
-        raise ValueError(f"jaxops.ops.recv: axis {axis!r} differs from the Send's "
-                         f"{send.axis_name!r}")
-    _check_types("recv", send.data, element_types, "sent tensor")
-    signal = _signal("recv", input_signal, "InputSignal")
-    source = _static_rank("recv", remote, "Remote")
-    return _transfer("recv", jnp.logical_and(send.input_signal, signal), source,
-                     send.destination, send.data, axis)
+    ints) is checked against the sent tensors when given.""")
 
 
-@static_inputs('source', 'destination')
-def send_recv(input_signal, source, destination, *data, tag=0, axis_name=None):
-    """A Send on rank `source` and its Recv on rank `destination` in one call: returns
+def _send_recv_check(input_signal, source, destination, *data, tag, axis_name):
+    _check_data(data)
+    _signal(input_signal, "input_signal")
+    rules.integer("tag", tag)
+    _check_ranks(_rank(source, "source"), _rank(destination, "destination"),
+                 _axis_name(axis_name))
+
+
+def _send_recv(input_signal, source, destination, *data, tag, axis_name):
+    return _transfer(jnp.asarray(input_signal).reshape(()), _rank(source, "source"),
+                     _rank(destination, "destination"), data, _axis_name(axis_name))
+
+
+send_recv = define(
+    "send_recv", ort=None,
+    inputs=("input_signal: any", "source: any", "destination: any", "*data: array"),
+    outputs=("OutputSignal", "Data"), attrs={"tag": 0}, options={"axis_name": None},
+    check=_send_recv_check, reference=_send_recv, no_matrix=_NO_MATRIX,
+    doc="""A Send on rank `source` and its Recv on rank `destination` in one call: returns
     (OutputSignal, *received). The same as `recv(input_signal, source, tag=tag,
-    send=send(input_signal, destination, *data, tag=tag))`."""
-    data = _data("send_recv", data)
-    signal = _signal("send_recv", input_signal, "input_signal")
-    return _transfer("send_recv", signal, _static_rank("send_recv", source, "source"),
-                     _static_rank("send_recv", destination, "destination"), data,
-                     _axis_name(axis_name))
+    send=send(input_signal, destination, *data, tag=tag))`.""")
 
 
-def _transfer(op, signal, source, destination, data, axis):
+def _check_ranks(source, destination, axis):
     try:
         world = lax.axis_size(axis)
     except NameError as e:
-        raise ValueError(f"jaxops.ops.{op}: mesh axis {axis!r} is not bound; call it inside "
-                         "jax.shard_map (or pmap) over a mesh with that axis, or name the "
-                         "pipeline axis with axis_name= / jaxops.ops.pipeline_axis") from e
+        raise ValueError(f"mesh axis {axis!r} is not bound; call it inside jax.shard_map (or "
+                         "pmap) over a mesh with that axis, or name the pipeline axis with "
+                         "axis_name= / jaxops.ops.pipeline_axis") from e
     for what, rank in (("source", source), ("destination", destination)):
         if not 0 <= rank < world:
-            raise ValueError(f"jaxops.ops.{op}: {what} rank {rank} is outside the {world} ranks "
-                             f"of axis {axis!r}")
+            raise ValueError(f"{what} rank {rank} is outside the {world} ranks of axis {axis!r}")
     if source == destination:
-        raise ValueError(f"jaxops.ops.{op}: rank {source} sends to itself; ORT refuses "
-                         "same-rank Send/Recv")
+        raise ValueError(f"rank {source} sends to itself; ORT refuses same-rank Send/Recv")
+
+
+def _transfer(signal, source, destination, data, axis):
+    """The checked transfer (see _check_ranks): one packed ppermute source -> destination."""
     # the transfer starts once the signal exists
     signal, data = lax.optimization_barrier((signal, data))
     axes = {axis} if isinstance(axis, str) else set(axis)
@@ -260,8 +292,3 @@ _move.defvjp(_move_fwd, _move_bwd)
 
 
 __all__ = ["PIPELINE_AXIS", "Send", "pipeline_axis", "recv", "send", "send_recv"]
-
-ORT_OPS = {
-    ("com.microsoft", "Send"): send,
-    ("com.microsoft", "Recv"): recv,
-}

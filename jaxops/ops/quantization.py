@@ -2,19 +2,22 @@
 with the elementwise gradients (jaxops.ops.activation) and is FakeQuant's backward here.
 
 XLA code, not an FFI kernel: elementwise, so XLA fuses it with its neighbours; jit, vmap (any
-in_axes) and sharding need no extra rules. `JAXOPS_DISABLE` does not apply.
+in_axes) and sharding need no extra rules. Its spec has no kernel: `JAXOPS_DISABLE` changes
+nothing.
 """
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
 
-from jaxops.ops import _validate as v
+from jaxops._src import rules
+from jaxops._src.spec import Matrix, define
 from jaxops.ops.activation import fake_quant_grad
 
 
 def _fake_quant(x, scale, zero_point, quant_min, quant_max):
-    t = v.compute_dtype(x.dtype)
+    t = rules.compute_dtype(x.dtype)
     s, zp = scale.reshape(()).astype(t), zero_point.reshape(()).astype(t)
     q = jnp.round(x.astype(t) / s) + zp  # jnp.round: half to even, as nearbyint
     lo, hi = jnp.asarray(quant_min, t), jnp.asarray(quant_max, t)
@@ -42,8 +45,36 @@ def _bwd(quant_min, quant_max, saved, cotangents):
 _fake_quant_ste.defvjp(_fwd, _bwd)
 
 
-def fake_quant(input_tensor, scale, zero_point, *, quant_min=0, quant_max=255):
-    """ORT FakeQuant (per tensor): q = nearbyint(input_tensor / scale) + zero_point (rounding
+def _check(input_tensor, scale, zero_point, *, quant_min, quant_max):
+    rules.same_dtype(input_tensor=input_tensor, scale=scale, zero_point=zero_point)
+    for label, a in (("scale", scale), ("zero_point", zero_point)):
+        if a.size != 1 or a.ndim > 1:
+            raise ValueError(f"{label} must be a scalar or a 1-element 1-D tensor, "
+                             f"got shape {a.shape}")
+    lo, hi = rules.integer("quant_min", quant_min), rules.integer("quant_max", quant_max)
+    if lo > hi:
+        raise ValueError(f"quant_min ({lo}) must not exceed quant_max ({hi})")
+
+
+def _reference(input_tensor, scale, zero_point, *, quant_min, quant_max):
+    return _fake_quant_ste(input_tensor, scale, zero_point, operator.index(quant_min),
+                           operator.index(quant_max))
+
+
+def _inputs(rng, shape, dtype):
+    """x, a power-of-two scale (exact quotients: XLA:CPU divides through a reciprocal, which
+    could move a near-tie between jit and eager) and an integral zero_point, both [1]."""
+    x = jnp.asarray(rng.standard_normal(shape) * 3, dtype)
+    scale = jnp.asarray([rng.choice([0.125, 0.25, 0.5])], dtype)
+    return x, scale, jnp.asarray([float(rng.integers(-3, 4))], dtype)
+
+
+fake_quant = define(
+    "fake_quant", ort=("com.microsoft", "FakeQuant"),
+    inputs=("input_tensor: float", "scale: float", "zero_point: float"),
+    outputs=("fake_quantized_tensor", "quantization_mask"),
+    attrs={"quant_min": 0, "quant_max": 255}, check=_check, reference=_reference,
+    doc="""ORT FakeQuant (per tensor): q = nearbyint(input_tensor / scale) + zero_point (rounding
     half to even before adding zero_point); returns (fake_quantized, quantization_mask) with
         fake_quantized = (clamp(q, quant_min, quant_max) - zero_point) * scale,
         quantization_mask = quant_min <= q <= quant_max.
@@ -59,20 +90,9 @@ def fake_quant(input_tensor, scale, zero_point, *, quant_min=0, quant_max=255):
 
     Differentiable through the straight-through estimator, as ORT's gradient: d input_tensor =
     FakeQuantGrad(d fake_quantized, quantization_mask); scale and zero_point get zero gradients
-    (ORT gives them none)."""
-    op = "fake_quant"
-    x, scale, zp = (jnp.asarray(a) for a in (input_tensor, scale, zero_point))
-    v.floats(op, input_tensor=x, scale=scale, zero_point=zp)
-    for label, a in (("scale", scale), ("zero_point", zp)):
-        if a.size != 1 or a.ndim > 1:
-            v.fail(op, ValueError, f"{label} must be a scalar or a 1-element 1-D tensor, "
-                                   f"got shape {a.shape}")
-    lo, hi = v.integer(op, "quant_min", quant_min), v.integer(op, "quant_max", quant_max)
-    if lo > hi:
-        v.fail(op, ValueError, f"quant_min ({lo}) must not exceed quant_max ({hi})")
-    return _fake_quant_ste(x, scale, zp, lo, hi)
-
+    (ORT gives them none).""",
+    # the forward is a staircase: its straight-through gradient is no finite difference of it
+    # (tests/test_fake_quant.py checks the gradient map itself to order 2)
+    matrix=Matrix(_inputs, attrs={"quant_min": -10, "quant_max": 10}))
 
 __all__ = ["fake_quant"]
-
-ORT_OPS = {("com.microsoft", "FakeQuant"): fake_quant}

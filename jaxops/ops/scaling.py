@@ -9,9 +9,11 @@ are what matter. Reduced precision computes in f32.
 """
 import jax.numpy as jnp
 
+from jaxops._src import rules
+from jaxops._src.spec import REQUIRED, Matrix, define
 from jaxops.reference import scaling as ref
 
-_FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+_MS = "com.microsoft"
 # ONNX TensorProto element types MixedPrecisionScale's `to` may name
 _TO = {1: jnp.float32, 10: jnp.float16, 11: jnp.float64, 16: jnp.bfloat16}
 
@@ -19,105 +21,135 @@ __all__ = ["mixed_precision_scale", "is_finite", "is_all_finite", "reduce_all_l2
            "scaled_sum", "batch_scale", "all"]
 
 
-def _fail(name, error, msg):
-    raise error(f"jaxops.ops.{name}: {msg}")
-
-
-def _floats(name, xs, label="inputs"):
-    xs = [jnp.asarray(x) for x in xs]
-    for x in xs:
-        if x.dtype not in _FLOATS:
-            _fail(name, TypeError, f"{label} must be float16, bfloat16, float32 or float64, "
-                                   f"got {x.dtype}")
-    return xs
-
-
-def _need(name, xs):
+def _need(xs):
     if not xs:
-        _fail(name, ValueError, "needs at least one input")
+        raise ValueError("needs at least one input")
 
 
-def mixed_precision_scale(S, *X, to, fuse_outputs=0):
-    """ORT MixedPrecisionScale: Y_i = cast(X_i * S, to), `to` an ONNX element type (1 float,
-    10 float16, 11 double, 16 bfloat16). fuse_outputs=1 returns one flat output (all Y_i
-    raveled and concatenated). Returns a tuple."""
-    _need("mixed_precision_scale", X)
-    X = _floats("mixed_precision_scale", X, "X")
-    (S,) = _floats("mixed_precision_scale", [S], "S")
+def _normal(rng, shape, dtype):
+    return jnp.asarray(rng.standard_normal(shape), dtype)
+
+
+def _one_element(rng, dtype, low=0.5, high=2.0):
+    return jnp.asarray([rng.uniform(low, high)], dtype)
+
+
+# ---- MixedPrecisionScale ------------------------------------------------------------------
+
+def _mps_check(S, *X, to, fuse_outputs):
+    _need(X)
     if S.size != 1:
-        _fail("mixed_precision_scale", ValueError, f"S must hold one element, got {S.shape}")
+        raise ValueError(f"S must hold one element, got shape {S.shape}")
     if to not in _TO:
-        _fail("mixed_precision_scale", ValueError, f"to must be one of {sorted(_TO)}, got {to}")
-    return ref.mixed_precision_scale(S, *X, to=_TO[to], fuse_outputs=fuse_outputs)
+        raise ValueError(f"to must be one of {sorted(_TO)}, got {to}")
 
 
-def is_finite(X):
-    """ORT IsFinite: elementwise isfinite (False for inf and nan)."""
-    (X,) = _floats("is_finite", [X], "X")
-    return ref.is_finite(X)
+mixed_precision_scale = define(
+    "mixed_precision_scale", ort=(_MS, "MixedPrecisionScale"), inputs=("S: float", "*X: float"),
+    outputs=("*Y",), attrs={"to": REQUIRED, "fuse_outputs": 0}, check=_mps_check,
+    reference=lambda S, *X, to, fuse_outputs: ref.mixed_precision_scale(
+        S, *X, to=_TO[to], fuse_outputs=fuse_outputs),
+    doc="""ORT MixedPrecisionScale: Y_i = cast(X_i * S, to), `to` an ONNX element type (1 float,
+    10 float16, 11 double, 16 bfloat16). fuse_outputs=1 returns one flat output (all Y_i
+    raveled and concatenated). Returns a tuple.""",
+    # to=11 (double): the f64 gradient checks stay in f64
+    matrix=Matrix(lambda rng, shape, dtype: (_one_element(rng, dtype), _normal(rng, shape, dtype),
+                                             _normal(rng, shape, dtype)),
+                  attrs={"to": 11}, grad=(0, 1, 2)))
 
 
-def is_all_finite(*inputs, isinf_only=0, isnan_only=0):
-    """ORT IsAllFinite: a bool scalar, True when no element of any input is inf or nan
-    (isinf_only: only inf counts; isnan_only: only nan counts)."""
-    _need("is_all_finite", inputs)
+# ---- IsFinite, IsAllFinite, All -----------------------------------------------------------
+
+is_finite = define(
+    "is_finite", ort=(_MS, "IsFinite"), inputs=("X: float",), outputs=("Y",),
+    reference=ref.is_finite,
+    doc="""ORT IsFinite: elementwise isfinite (False for inf and nan).""",
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, shape, dtype).at[0].set(jnp.inf),)))
+
+
+def _is_all_finite_check(*inputs, isinf_only, isnan_only):
+    _need(inputs)
     if isinf_only and isnan_only:
-        _fail("is_all_finite", ValueError, "isinf_only and isnan_only exclude each other")
-    return ref.is_all_finite(*_floats("is_all_finite", inputs), isinf_only=isinf_only,
-                             isnan_only=isnan_only)
+        raise ValueError("isinf_only and isnan_only exclude each other")
 
 
-def reduce_all_l2(*X):
-    """ORT ReduceAllL2: sqrt(sum of x^2 over every element of every input), a scalar of the
-    first input's dtype, accumulated in f32 (f64 when any input is f64)."""
-    _need("reduce_all_l2", X)
-    return ref.reduce_all_l2(*_floats("reduce_all_l2", X, "X"))
+def _maybe_inf(rng, shape, dtype):
+    """Random values, with an inf row half the time (examples of a batch differ)."""
+    x = _normal(rng, shape, dtype)
+    return x.at[0].set(jnp.inf) if rng.uniform() < 0.5 else x
 
 
-def scale(input, scale, scale_down=0):  # noqa: A002 - ORT's input name
-    """ORT Scale: input * scale, or input / scale with scale_down=1 (scale, one element of any
-    float or int dtype, is cast to input's dtype first)."""
-    (x,) = _floats("scale", [input], "input")
-    s = jnp.asarray(scale)
-    if s.size != 1:
-        _fail("scale", ValueError, f"scale must hold one element, got shape {s.shape}")
-    if not (jnp.issubdtype(s.dtype, jnp.floating) or jnp.issubdtype(s.dtype, jnp.integer)):
-        _fail("scale", TypeError, f"scale must be a float or int, got {s.dtype}")
-    return ref.scale(x, s, scale_down=scale_down)
+is_all_finite = define(
+    "is_all_finite", ort=(_MS, "IsAllFinite"), inputs=("*input: float",), outputs=("output",),
+    attrs={"isinf_only": 0, "isnan_only": 0}, check=_is_all_finite_check,
+    reference=ref.is_all_finite,
+    doc="""ORT IsAllFinite: a bool scalar, True when no element of any input is inf or nan
+    (isinf_only: only inf counts; isnan_only: only nan counts).""",
+    matrix=Matrix(lambda rng, shape, dtype: (_maybe_inf(rng, shape, dtype),
+                                             _normal(rng, shape, dtype)),
+                  shard=False, skip="the output is one bool for all inputs: nothing to shard"))
+
+all = define(  # noqa: A001 - ORT's op name
+    "all", ort=(_MS, "All"), inputs=("X: bool",), outputs=("Y",), reference=ref.all_,
+    doc="""ORT All: logical AND of every element of a bool tensor, a bool scalar.""",
+    matrix=Matrix(lambda rng, shape, dtype: (jnp.asarray(rng.uniform(size=shape) < 0.97),),
+                  shard=False, skip="the output is one bool: nothing to shard"))
 
 
-def scaled_sum(input0, input1, input2=None, *, scale_0, scale_1, scale_2=1.0):
-    """ORT ScaledSum: scale_0*input0 + scale_1*input1 (+ scale_2*input2), inputs of one shape
-    and dtype."""
-    xs = _floats("scaled_sum", [x for x in (input0, input1, input2) if x is not None])
-    if len({(x.shape, x.dtype) for x in xs}) > 1:
-        _fail("scaled_sum", ValueError, "inputs must share one shape and dtype, got "
-                                        f"{[(x.shape, str(x.dtype)) for x in xs]}")
-    return ref.scaled_sum(*xs, scale_0=scale_0, scale_1=scale_1, scale_2=scale_2)
+# ---- ReduceAllL2 --------------------------------------------------------------------------
+
+reduce_all_l2 = define(
+    "reduce_all_l2", ort=(_MS, "ReduceAllL2"), inputs=("*X: float",), outputs=("Y",),
+    check=lambda *X: _need(X), reference=ref.reduce_all_l2,
+    doc="""ORT ReduceAllL2: sqrt(sum of x^2 over every element of every input), a scalar of the
+    first input's dtype, accumulated in f32 (f64 when any input is f64).""",
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, shape, dtype),
+                                             _normal(rng, shape[:1], dtype)),
+                  grad=(0, 1), shard=False,
+                  skip="the output is one scalar for all inputs: nothing to shard "
+                       "(tests/test_scaling.py checks a sharded input's value)"))
 
 
-def batch_scale(input, *, scale_0, scale_1, scale_2=None):  # noqa: A002 - ORT's input name
-    """ORT BatchScale: (input*scale_0, input*scale_1[, input*scale_2])."""
-    (x,) = _floats("batch_scale", [input], "input")
-    return ref.batch_scale(x, scale_0=scale_0, scale_1=scale_1, scale_2=scale_2)
+# ---- Scale, ScaledSum, BatchScale ---------------------------------------------------------
+
+def _scale_check(input, scale, *, scale_down):  # noqa: A002 - ORT's input name
+    if scale.size != 1:
+        raise ValueError(f"scale must hold one element, got shape {scale.shape}")
+    if not (jnp.issubdtype(scale.dtype, jnp.floating) or jnp.issubdtype(scale.dtype, jnp.integer)):
+        raise TypeError(f"scale must be a float or int, got {scale.dtype}")
 
 
-def all(X):  # noqa: A001 - ORT's op name
-    """ORT All: logical AND of every element of a bool tensor, a bool scalar."""
-    X = jnp.asarray(X)
-    if X.dtype != jnp.bool_:
-        _fail("all", TypeError, f"X must be bool, got {X.dtype}")
-    return ref.all_(X)
+scale = define(
+    "scale", ort=(_MS, "Scale"), inputs=("input: float", "scale: array"), outputs=("output",),
+    attrs={"scale_down": 0}, check=_scale_check,
+    reference=lambda x, s, *, scale_down: ref.scale(x, s, scale_down=scale_down),
+    doc="""ORT Scale: input * scale, or input / scale with scale_down=1 (scale, one element of
+    any float or int dtype, is cast to input's dtype first).""",
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, shape, dtype), _one_element(rng, dtype)),
+                  attrs={"scale_down": 1}, grad=(0, 1)))
 
 
-_MS = "com.microsoft"
-ORT_OPS = {
-    (_MS, "MixedPrecisionScale"): mixed_precision_scale,
-    (_MS, "IsFinite"): is_finite,
-    (_MS, "IsAllFinite"): is_all_finite,
-    (_MS, "ReduceAllL2"): reduce_all_l2,
-    (_MS, "Scale"): scale,
-    (_MS, "ScaledSum"): scaled_sum,
-    (_MS, "BatchScale"): batch_scale,
-    (_MS, "All"): all,
-}
+def _scaled_sum_check(input0, input1, input2, *, scale_0, scale_1, scale_2):
+    xs = {k: x for k, x in (("input0", input0), ("input1", input1), ("input2", input2))
+          if x is not None}
+    rules.same_dtype(**xs)
+    rules.same_shape(**xs)
+
+
+scaled_sum = define(
+    "scaled_sum", ort=(_MS, "ScaledSum"), inputs=("input0: float", "input1: float", "input2?: float"),
+    outputs=("output",), attrs={"scale_0": REQUIRED, "scale_1": REQUIRED, "scale_2": 1.0},
+    check=_scaled_sum_check, reference=ref.scaled_sum,
+    doc="""ORT ScaledSum: scale_0*input0 + scale_1*input1 (+ scale_2*input2), inputs of one
+    shape and dtype.""",
+    matrix=Matrix(lambda rng, shape, dtype: tuple(_normal(rng, shape, dtype) for _ in range(3)),
+                  attrs={"scale_0": 0.5, "scale_1": -2.0, "scale_2": 3.0}, grad=(0, 1, 2)))
+
+batch_scale = define(
+    "batch_scale", ort=(_MS, "BatchScale"), inputs=("input: float",),
+    outputs=("output_0", "output_1", "output_2"),
+    attrs={"scale_0": REQUIRED, "scale_1": REQUIRED, "scale_2": None},
+    reference=ref.batch_scale,
+    doc="""ORT BatchScale: (input*scale_0, input*scale_1[, input*scale_2]).""",
+    matrix=Matrix(lambda rng, shape, dtype: (_normal(rng, shape, dtype),),
+                  attrs={"scale_0": 0.5, "scale_1": 3.0, "scale_2": -1.0}, grad=(0,)))

@@ -10,35 +10,21 @@ diag(Y) - Y Y^T is symmetric) and `log_softmax_grad_transpose` for LogSoftmaxGra
 transpose is LogSoftmaxGrad again. So gradients of any order exist and reverse mode runs the
 kernels.
 """
-import operator
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops._src import rules
 from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
 from jaxops._src.spec import Matrix, define
 from jaxops.reference import softmax as ref
 
-_FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
-
-
 def _shape(dY, Y, *, axis, through_end):
-    for label, x in (("dY", dY), ("Y", Y)):
-        if x.dtype not in _FLOATS:
-            raise TypeError(f"{label} must be float16, bfloat16, float32 or float64, got {x.dtype}")
-    if dY.dtype != Y.dtype:
-        raise TypeError(f"dY and Y must share one dtype, got {dY.dtype} and {Y.dtype}")
-    if dY.shape != Y.shape:
-        raise ValueError(f"dY and Y must share one shape, got {dY.shape} and {Y.shape}")
+    rules.floats(dY=dY, Y=Y)
+    rules.same_shape(dY=dY, Y=Y)
     if dY.ndim == 0:
         raise ValueError("dY and Y must have rank >= 1, got scalars")
-    try:
-        axis = operator.index(axis)
-    except TypeError:
-        raise TypeError(f"axis must be an int, got {axis!r}") from None
-    if not -dY.ndim <= axis < dY.ndim:
-        raise ValueError(f"axis {axis} is out of range for rank {dY.ndim}")
+    rules.axis(axis, dY.ndim)
     return jax.ShapeDtypeStruct(dY.shape, dY.dtype)
 
 

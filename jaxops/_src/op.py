@@ -1,9 +1,11 @@
-"""Declaring an op once.
+"""A kernel as a JAX primitive.
 
-An `Op` is one ORT op as a JAX primitive. It holds the op's shape rule, pure-JAX reference,
-batch rule, sharding description and differentiation rules, and registers them with JAX:
+An `Op` is one kernel-backed op as a JAX primitive (a public op's spec, jaxops/_src/spec.py,
+names it with `op=`). It holds the op's shape rule, pure-JAX reference, batch rule, sharding
+description and differentiation rules, and registers them with JAX:
 
-    user call --> Op.__call__ (validates; JAXOPS_DISABLE -> reference)
+    user call --> the spec's function (argument checks; JAXOPS_DISABLE -> reference)
+              --> Op.bind, or Op.__call__ for jaxops.nn's direct calls
               --> outer primitive (abstract eval, batch, jvp, transpose rules)
               --> lowered through custom_partitioning (the Shardy rule + partitioner)
               --> inner primitive --> FFI target on 'cpu' or 'cuda'

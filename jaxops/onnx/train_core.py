@@ -31,6 +31,7 @@ import onnx
 
 from jaxops._src.compat import mark_varying, varying_axes
 from jaxops.onnx import checkpoint as ckpt_format
+from jaxops.onnx.packed import PackedState
 
 BUFFER_SUFFIX = "_grad.accumulation.buffer"
 RESET_INPUT = "lazy_reset_grad"
@@ -315,6 +316,10 @@ class OptimizerModel:
                     "params": name(layout["params"]), "grads": name(layout["grads"]),
                     "moments": [name(i) for i in layout["moments"]]}
         self.program = _load_program(model)
+        # ORT's optimizer models are the one node; anything around it could depend on how the
+        # parameters are cut into tensors, so only the one node updates packed buffers as is
+        self._elementwise = (len(model.graph.node) == 1
+                             and node.op_type in ("AdamWOptimizer", "SGDOptimizerV2"))
         # inputs the node does not read (ORT's SGD model declares step and
         # first_order_moments): fed placeholders of their declared kind
         self._unused = {i.name: _placeholder(i.type) for i in model.graph.input
@@ -341,23 +346,48 @@ class OptimizerModel:
         """One optimizer step at learning rate `lr` (a scalar) from the accumulated
         gradients: new parameters and moments, step + 1 (ORT's AdamW takes the 1-based step
         it is on)."""
-        names, io = self.names, self._io
-        step = state.step + 1
+        names = self.names
+        moments = [[state.moments[n][key] for n in names] for key in self._moment_keys()]
+        params, new_moments = self._apply(
+            lr, state.step + 1, [state.param(n) for n in names],
+            [state.grads[n] for n in names], moments)
+        out = {n: dict(m) for n, m in state.moments.items()}
+        for key, values in zip(MOMENTS, new_moments):
+            for n, v in zip(names, values):
+                out[n][key] = v
+        new = state.with_params(dict(zip(names, params)))
+        return new.replace(moments=out, step=state.step + 1)
+
+    def update_packed(self, state: PackedState, lr) -> PackedState:
+        """`update` on a PackedState. The optimizer graph is one AdamW or SGD node (ORT's),
+        elementwise, so each dtype's flat buffers are updated as one tensor: the same values,
+        four buffers a dtype instead of four a parameter."""
+        keys = self._moment_keys()
+        if not self._elementwise or (keys and set(state.moments) != set(keys)):
+            new = self.update(state.unpack(), lr)
+            return PackedState.pack(new, list(state.trained_names))
+        dtypes = [key for key, _ in state.layout.groups]
+        params, moments = self._apply(
+            lr, state.step + 1, [state.trained[d] for d in dtypes],
+            [state.grads[d] for d in dtypes],
+            [[state.moments[k][d] for d in dtypes] for k in keys])
+        return state.replace(trained=dict(zip(dtypes, params)),
+                             moments={k: dict(zip(dtypes, m)) for k, m in zip(keys, moments)},
+                             step=state.step + 1)
+
+    def _moment_keys(self) -> tuple[str, ...]:
+        return MOMENTS[:len(self._io["moments"])]
+
+    def _apply(self, lr, step, params: list, grads: list, moments: list[list]):
+        """The optimizer graph on lists: (new params, new moments per moment key)."""
+        io = self._io
         lr = jnp.reshape(jnp.asarray(lr, jnp.float32), self._lr_shape)  # the ops' lr: float
-        feeds = {**self._unused, io["lr"]: lr,
-                 io["params"]: [state.param(n) for n in names],
-                 io["grads"]: [state.grads[n] for n in names]}
+        feeds = {**self._unused, io["lr"]: lr, io["params"]: params, io["grads"]: grads}
         if io["step"] is not None:
             feeds[io["step"]] = jnp.reshape(step, (1,))
-        for key, name in zip(MOMENTS, io["moments"]):
-            feeds[name] = [state.moments[n][key] for n in names]
+        feeds.update(zip(io["moments"], moments))
         _, updates = _run(self.program, feeds)
-        moments = {n: dict(m) for n, m in state.moments.items()}
-        for key, name in zip(MOMENTS, io["moments"]):
-            for n, v in zip(names, updates[name]):
-                moments[n][key] = v
-        new = state.with_params(dict(zip(names, updates[io["params"]])))
-        return new.replace(moments=moments, step=step)
+        return updates[io["params"]], [updates[name] for name in io["moments"]]
 
 
 class Trainer:

@@ -40,7 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.onnx import checkpoint as ckpt_format
+from jaxops.onnx.packed import PackedState
 from jaxops.onnx.train_core import GROUP, OptimizerModel, TrainingModel, TrainState
+
+
+_pack = jax.jit(PackedState.pack, static_argnums=1)
+_unpack = jax.jit(PackedState.unpack)
 
 
 class Parameter:
@@ -128,9 +133,38 @@ class CheckpointState:
 
     train_state: the arrays, a `train_core.TrainState` (replaced, never changed in place, by
       each step). The classes keep its `step` a host number, so that reading it (the LR
-      scheduler, checkpoints) never waits for the device.
+      scheduler, checkpoints) never waits for the device. Between steps the arrays live
+      packed, one flat buffer per dtype and kind (`jaxops.onnx.packed`), so that a step hands
+      its jitted function a few buffers rather than four per parameter; reading
+      `train_state` unpacks them (one jitted copy, kept until the next step).
     initial_learning_rate: the optimizer group's, saved with the optimizer state.
     """
+
+    @property
+    def train_state(self) -> TrainState:
+        if self._state is None:
+            self._state = _unpack(self._packed.replace(step=None)).replace(
+                step=self._packed.step)
+        return self._state
+
+    @train_state.setter
+    def train_state(self, state: TrainState) -> None:
+        self._state, self._packed = state, None
+
+    def _packed_state(self, trained: tuple[str, ...]) -> PackedState:
+        """The state packed with `trained` (a training model's) as the main layout."""
+        if self._packed is None or self._packed.trained_names != trained:
+            ts = self.train_state
+            self._packed = _pack(ts.replace(step=None), trained).replace(step=ts.step)
+        return self._packed
+
+    def _set_packed(self, packed: PackedState) -> None:
+        self._packed, self._state = packed, None
+
+    def block_until_ready(self) -> CheckpointState:
+        """Waits for the steps that write this state (for timing a loop of steps)."""
+        jax.block_until_ready(self._packed if self._state is None else self._state)
+        return self
 
     def __init__(self, checkpoint: ckpt_format.Checkpoint):
         self.train_state = TrainState.from_checkpoint(checkpoint)
@@ -212,8 +246,14 @@ class Module:
         state.train_state = self.core.init(ts)
         self._reset = False  # gradients are zero already: accumulating into them is the same
         self._training = True
-        self._train_step = jax.jit(self.core.train_step, donate_argnums=0)
-        self._eval_step = jax.jit(self.core.eval_step)
+        self._trained = tuple(self.core.trained)
+        self._train_step = jax.jit(self._packed_train_step, donate_argnums=0)
+        self._eval_step = jax.jit(lambda packed, inputs: self.core.eval_step(packed.unpack(),
+                                                                             inputs))
+
+    def _packed_train_step(self, packed, inputs, reset):
+        outs, new = self.core.train_step(packed.unpack(), inputs, reset)
+        return outs, packed.replace(grads=packed.layout.pack(new.grads))
 
     def __call__(self, *user_inputs):
         """One step: in train mode forward + backward (gradients accumulate); in eval mode the
@@ -225,13 +265,14 @@ class Module:
         inputs = [x if isinstance(x, jax.Array) else np.asarray(x) for x in user_inputs]
         if self._device is not None:
             inputs = jax.device_put(inputs, self._device)
-        ts = self.state.train_state
+        packed = self.state._packed_state(self._trained)
         # the steps read neither the moments nor the step count: left out, they cost no
         # dispatch (and the count stays on the host)
-        read = ts.replace(moments={}, step=None)
+        read = packed.replace(moments={}, other_moments={}, step=None)
         if self._training:
             outs, new = self._train_step(read, inputs, np.bool_(self._reset))
-            self.state.train_state = new.replace(moments=ts.moments, step=ts.step)
+            self.state._set_packed(new.replace(moments=packed.moments, step=packed.step,
+                                               other_moments=packed.other_moments))
             self._reset = False
         else:
             outs = self._eval_step(read, inputs)
@@ -307,15 +348,15 @@ class Optimizer:
             state.initial_learning_rate = 1e-3  # ORT's default when the checkpoint has none
         self._lr = state.initial_learning_rate
         state.train_state = self.core.init(state.train_state)
-        self._update = jax.jit(self.core.update, donate_argnums=0)
+        self._update = jax.jit(self.core.update_packed, donate_argnums=0)
 
     def step(self) -> None:
         """One update of every trainable parameter from its accumulated gradient."""
         state = self.module.state
-        ts = state.train_state
-        new = self._update(ts, np.float32(self._lr))
+        packed = state._packed_state(self.module._trained)
+        new = self._update(packed, np.float32(self._lr))
         # the count stays on the host (CheckpointState's docstring)
-        state.train_state = new.replace(step=np.int64(ts.step) + 1)
+        state._set_packed(new.replace(step=np.int64(packed.step) + 1))
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self._lr = float(learning_rate)

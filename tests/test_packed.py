@@ -1,0 +1,164 @@
+"""jaxops.onnx.packed: the ORT-API mirror keeps parameters, gradients and moments in one flat
+buffer per dtype, so a step's jitted call gets a few buffers; values equal the per-name path."""
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import pytest
+
+from jaxops.onnx import checkpoint as C
+from jaxops.onnx.packed import Layout, PackedState
+from jaxops.onnx.train_core import OptimizerModel, Trainer, TrainingModel, TrainState
+from jaxops.onnx.training import CheckpointState, Module, Optimizer
+
+MLP = Path(__file__).parent / "data" / "mlp"
+LR = 0.05
+
+
+def _state():
+    r = np.random.default_rng(0)
+    arr = lambda shape, dtype: jnp.asarray(r.normal(size=shape), dtype)
+    params = {"a": arr((3, 4), jnp.float32), "b": arr((5,), jnp.bfloat16),
+              "c": arr((2, 2, 2), jnp.float32), "d": arr((), jnp.float32)}
+    frozen = {"e": arr((4,), jnp.float16), "f": jnp.arange(6, dtype=jnp.int32)}
+    trained = ["c", "a", "b"]
+    grads = {n: arr(params[n].shape, params[n].dtype) for n in trained}
+    moments = {n: {"momentum0": arr(params[n].shape, params[n].dtype),
+                   "momentum1": arr(params[n].shape, params[n].dtype)} for n in trained}
+    return TrainState(params, frozen, grads, moments, np.int64(3)), trained
+
+
+def _assert_same(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(np.asarray(x, np.float64), np.asarray(y, np.float64))
+
+
+def test_layout_groups_by_dtype_in_order():
+    state, trained = _state()
+    layout = Layout.of({n: state.params[n] for n in trained})
+    assert [k for k, _ in layout.groups] == ["float32", "bfloat16"]
+    assert layout.names == ["c", "a", "b"]
+    flat = layout.pack(state.params)
+    assert flat["float32"].shape == (8 + 12,) and flat["bfloat16"].shape == (5,)
+    back = layout.unpack(flat)
+    for n in trained:
+        np.testing.assert_array_equal(back[n], state.params[n])
+    hash(layout)  # static under jit
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_pack_unpack_round_trip(jit):
+    state, trained = _state()
+    pack = jax.jit(PackedState.pack, static_argnums=1) if jit else PackedState.pack
+    packed = pack(state, tuple(trained))
+    # 2 dtypes x (params, grads, 2 moments) + the rest (f32 "d", f16 "e", int32 "f") + step
+    assert len(jax.tree.leaves(packed)) == 2 * 4 + 3 + 1
+    back = (jax.jit(PackedState.unpack) if jit else PackedState.unpack)(packed)
+    _assert_same(back, state)
+    assert list(back.params) == list(state.params) and list(back.frozen) == ["e", "f"]
+
+
+def test_partial_moments_stay_by_name():
+    """Before the optimizer's init some trained parameters have no moments: kept by name."""
+    state, trained = _state()
+    state = state.replace(moments={"a": state.moments["a"], "zz": state.moments["a"]})
+    packed = PackedState.pack(state, trained)
+    assert packed.moments == {} and set(packed.other_moments) == {"a", "zz"}
+    _assert_same(packed.unpack(), state)
+
+
+def _session(optimizer_model=MLP / "optimizer_model.onnx"):
+    state = CheckpointState.load_checkpoint(MLP / "checkpoint")
+    module = Module(MLP / "training_model.onnx", state)
+    optimizer = Optimizer(optimizer_model, module)
+    optimizer.set_learning_rate(LR)
+    return state, module, optimizer
+
+
+def _batches():
+    data = np.load(MLP / "data.npz")
+    return list(zip(data["inputs"][:3], data["labels"][:3]))
+
+
+def _functional(optimizer_model):
+    """The same steps through train_core's per-name Trainer."""
+    state = TrainState.from_checkpoint(C.load(MLP / "checkpoint"))
+    model = TrainingModel(MLP / "training_model.onnx", state)
+    optimizer = OptimizerModel(optimizer_model, model)
+    state = optimizer.init(model.init(state))
+    step = jax.jit(Trainer(model, optimizer).step)
+    losses = []
+    for x, y in _batches():
+        (loss,), state = step(state, [x, y], np.float32(LR))
+        losses.append(float(loss))
+    return losses, state
+
+
+def _with_identity_on_lr(path):
+    """ORT's optimizer model with an Identity before the AdamW node: no longer the one
+    elementwise node, so the packed state is updated by name."""
+    model = onnx.load(path)
+    node = model.graph.node[0]
+    lr = node.input[0]
+    node.input[0] = "lr_copy"
+    model.graph.node.insert(0, onnx.helper.make_node("Identity", [lr], ["lr_copy"]))
+    return model
+
+
+@pytest.mark.parametrize("graph", ["ort", "not_elementwise"])
+def test_ort_api_steps_equal_the_per_name_trainer(graph):
+    opt = MLP / "optimizer_model.onnx"
+    if graph == "not_elementwise":
+        opt = _with_identity_on_lr(opt)
+    state, module, optimizer = _session(opt)
+    assert optimizer.core._elementwise == (graph == "ort")
+    losses = []
+    for x, y in _batches():
+        losses.append(float(module(x, y)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    their_losses, theirs = _functional(opt)
+    np.testing.assert_array_equal(losses, their_losses)
+    ours = state.train_state
+    assert int(ours.step) == int(theirs.step) == 3
+    _assert_same(ours.replace(step=None), theirs.replace(step=None))
+
+
+def test_a_step_hands_jit_a_few_buffers():
+    """The optimizer step's jitted call gets 4 buffers a dtype (params, grads, 2 moments),
+    not 4 a parameter."""
+    state, module, optimizer = _session()
+    x, y = _batches()[0]
+    module(x, y)
+    optimizer.step()
+    packed = state._packed
+    n_params = len(state.train_state.params)
+    assert n_params >= 4
+    assert set(packed.trained) == {"float32"}
+    arrays = [x for x in jax.tree.leaves(packed) if isinstance(x, jax.Array)]
+    assert len(arrays) == 4  # the mlp's parameters are all trained: no rest
+    assert state.block_until_ready() is state
+
+
+def test_parameter_writes_and_reads_between_steps():
+    state, module, optimizer = _session()
+    x, y = _batches()[0]
+    module(x, y)
+    optimizer.step()
+    name = next(iter(state.parameters))
+    before = state.parameters[name].data
+    state.parameters[name] = before * 0 + 1.5
+    np.testing.assert_array_equal(state.parameters[name].data, np.full_like(before, 1.5))
+    module.lazy_reset_grad()
+    module(x, y)  # repacks the written state
+    optimizer.step()
+    after = state.parameters[name].data
+    assert not np.array_equal(after, np.full_like(before, 1.5))
+    assert np.abs(after - 1.5).max() < 2 * LR  # one AdamW step from 1.5
+    saved = state._to_checkpoint(include_optimizer_state=True)
+    assert saved.optimizer["group0"].step == 2
+    assert set(saved.optimizer["group0"].states) == set(module.core.trained)

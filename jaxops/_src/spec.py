@@ -125,7 +125,9 @@ def define(name: str, *, ort: tuple[str, str] | None, inputs, outputs=(), attrs=
            check: Callable | None = None, op=None, params=None, doc: str = "",
            in_place=None, graph=None, roles=None, extra_attrs=False,
            matrix: Matrix | None = None, no_matrix: str = "") -> Callable:
-    """The public function of one op (see the module's docstring), with `.spec`.
+    """The public function of one op (see the module's docstring), with `.spec` and
+    `.reference`: the same call (the same checks) that always runs the pure-JAX definition,
+    for callers that measured XLA's code faster than the kernel where they use it.
 
     reference(*inputs, **attrs, **options): the pure-JAX definition, run when the op is
       disabled (or always, when there is no kernel);
@@ -156,7 +158,7 @@ def _public(spec: Spec, doc: str) -> Callable:
     signature = spec.signature()
     label = f"jaxops.ops.{spec.name}"
 
-    def call(*args, **kwargs):
+    def invoke(args, kwargs, xla: bool):
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -178,9 +180,17 @@ def _public(spec: Spec, doc: str) -> Callable:
             keywords.update(values.get("attributes", {}))
             if spec.check is not None:
                 spec.check(*positional, **keywords)
-        run = spec.reference if spec.kernel is None or disabled(spec.name) else spec.kernel
-        return run(*positional, **keywords)
+        xla = xla or spec.kernel is None or disabled(spec.name)
+        return (spec.reference if xla else spec.kernel)(*positional, **keywords)
 
+    def call(*args, **kwargs):
+        return invoke(args, kwargs, False)
+
+    def reference(*args, **kwargs):
+        return invoke(args, kwargs, True)
+
+    reference.__signature__ = signature
+    call.reference = reference
     call.__name__ = call.__qualname__ = spec.name
     call.__doc__ = doc
     call.__signature__ = signature

@@ -4,9 +4,13 @@ Each constructor returns an `optax.GradientTransformation` (init/update, usable 
 `optax.chain` and with `optax.apply_updates`) that also has a `step(grads, state, params) ->
 (new_params, new_state)` method: the fused path, which hands the parameter and moment
 buffers to the kernel, so under `jax.jit(..., donate_argnums=...)` they are updated in place
-with one kernel launch per dtype of the parameter tree (a bf16 + f32 tree: two). `update`
-runs the same kernels and returns `new_params - params` (one more pass, and rounding of that
-difference), as optax expects.
+with one kernel launch per dtype of the parameter tree (a bf16 + f32 tree: two).
+
+`update` returns `new_params - params`, as optax expects, computed by the ops' pure-JAX
+definitions (`ops.<op>.reference`): XLA fuses that with `optax.apply_updates` into one pass
+over the buffers, as it does optax's own code, while a kernel's output would need two more
+passes (the difference, then the addition). Measured on an H100 (docs/performance.md,
+"Optimizer API paths"): `step` is the fastest path; `update` runs at optax's speed.
 
 Semantics against optax (equal to f32 rounding where they coincide):
 - `adamw`/`adam`: optax.adamw/adam exactly (ORT adam_mode 0, bias-corrected, with optax's
@@ -18,15 +22,15 @@ Semantics against optax (equal to f32 rounding where they coincide):
   ratio to [ratio_min, ratio_max] when given, and zeroes non-finite directions (keeping the
   moments) where optax propagates them.
 - Hyperparameters may be traced scalars (jit arguments; `optax.inject_hyperparams`, which
-  makes every numeric argument one). The learning rate always reaches the kernels as an
-  operand; b1, b2, eps and weight_decay are static attributes of the AdamW kernel, so a
-  traced one runs that step as XLA code (the reference: same math, no kernel). To keep the
-  kernel while injecting the learning rate, name the others static:
-  `optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"))`.
-  LAMB's kernel takes them as an operand; its ratio_min/ratio_max are attributes.
+  makes every numeric argument one, and whose wrapper has `update` only). The learning rate
+  reaches the `step` kernels as an operand; b1, b2, eps and weight_decay are static attributes
+  of the AdamW kernel, so in `step` a traced one runs that step as XLA code (the reference:
+  same math, no kernel). LAMB's kernel takes them as an operand; its ratio_min/ratio_max are
+  attributes.
 - `clip_by_global_norm`: ORT's InplaceClipGradNorm scales by min(max_norm/(norm + 1e-6), 1);
   optax by max_norm/max(norm, max_norm): they differ by about 1e-6 relative when clipping.
 """
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -47,13 +51,23 @@ class FusedGradientTransformation(optax.GradientTransformation):
         return self.update.fused_step(grads, state, params)
 
 
-def _transformation(init, fused_step):
+def _kernel(op):
+    return op
+
+
+def _xla(op):
+    return op.reference
+
+
+def _transformation(init, step):
+    """step(run, grads, state, params): the optimizer written once, over `run(op)`: the op's
+    kernel-backed function (`_kernel`) or its pure-JAX definition (`_xla`)."""
     def update(grads, state, params=None):
         if params is None:
             raise ValueError("jaxops.optim: this optimizer needs params in update()")
-        new_params, new_state = fused_step(grads, state, params)
+        new_params, new_state = step(_xla, grads, state, params)
         return jax.tree.map(lambda n, p: (n - p).astype(p.dtype), new_params, params), new_state
-    update.fused_step = fused_step
+    update.fused_step = functools.partial(step, _kernel)
     return FusedGradientTransformation(init, update)
 
 
@@ -99,13 +113,13 @@ def adamw(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, e
     def init(params):
         return AdamState(*_moments_init(params))
 
-    def fused_step(grads, state, params):
+    def fused_step(run, grads, state, params):
         leaves, tree = jax.tree.flatten(params)
         lists = [leaves] + [tree.flatten_up_to(t) for t in (grads, state.mu, state.nu)]
         lr, step = _lr(learning_rate, state.count), jnp.reshape(state.count + 1, (1,))
         new = [list(leaves), list(lists[2]), list(lists[3])]  # w, m1, m2
         for idx in _by_dtype(lists):
-            _, *outs = ops.adamw_optimizer(
+            _, *outs = run(ops.adamw_optimizer)(
                 lr, step, *[_pick(xs, idx) for xs in lists], alpha=b1, beta=b2, epsilon=eps,
                 weight_decay=weight_decay, correct_bias=1, adam_mode=int(hf_mode))
             for target, out in zip(new, outs):
@@ -133,12 +147,12 @@ def sgd(learning_rate: float | Callable, momentum: float | None = None,
     def init(params):
         return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
 
-    def fused_step(grads, state, params):
+    def fused_step(run, grads, state, params):
         leaves, tree = jax.tree.flatten(params)
         lists, lr = [leaves, tree.flatten_up_to(grads)], _lr(learning_rate, state.count)
         new = list(leaves)
         for idx in _by_dtype(lists):
-            _, w = ops.sgd_optimizer_v2(lr, *[_pick(xs, idx) for xs in lists])
+            _, w = run(ops.sgd_optimizer_v2)(lr, *[_pick(xs, idx) for xs in lists])
             for i, x in zip(idx, w):
                 new[i] = x
         return tree.unflatten(new), optax.ScaleByScheduleState(count=state.count + 1)
@@ -154,18 +168,18 @@ def lamb(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, ep
     def init(params):
         return LambState(*_moments_init(params))
 
-    def fused_step(grads, state, params):
+    def fused_step(run, grads, state, params):
         leaves, tree = jax.tree.flatten(params)
         groups = []
         for w, g, m1, m2 in zip(leaves, tree.flatten_up_to(grads), tree.flatten_up_to(state.mu),
                                 tree.flatten_up_to(state.nu)):
             groups += [w, g, m1, m2, None]
         n = len(leaves)
-        out = ops.lamb_optimizer(None, None, None, _lr(learning_rate, state.count),
-                                 jnp.reshape(state.count + 1, (1,)), *groups, alpha=[b1] * n,
-                                 beta=[b2] * n, epsilon=[eps] * n, max_norm_clip=[1.0] * n,
-                                 ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=1,
-                                 new_gradients=False, **{"lambda": [weight_decay] * n})
+        out = run(ops.lamb_optimizer)(
+            None, None, None, _lr(learning_rate, state.count), jnp.reshape(state.count + 1, (1,)),
+            *groups, alpha=[b1] * n, beta=[b2] * n, epsilon=[eps] * n, max_norm_clip=[1.0] * n,
+            ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=1,
+            new_gradients=False, **{"lambda": [weight_decay] * n})
         per = [out[1 + 5 * i:6 + 5 * i] for i in range(n)]
         new_state = LambState(state.count + 1, tree.unflatten([p[2] for p in per]),
                               tree.unflatten([p[3] for p in per]))

@@ -4,6 +4,7 @@ gradient) run on a GPU only; here a probe op routes on the CPU by shape."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxops._src.op import Op, batch_at_front
 from jaxops.ops import softmax
@@ -30,3 +31,26 @@ def test_the_route_follows_xla_when(rng):
         assert ("jaxops_softmax_grad" in hlo) == kernel, (width, hlo)
         np.testing.assert_allclose(f(dy, y), ref.softmax_grad(dy, y, -1, False),
                                    rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the CUDA routes need a CUDA device")
+def test_cuda_routes_in_the_compiled_program():
+    """On the GPU: concat, f16/bf16 split and the batch norm gradient compile to XLA's code,
+    the f32 split to its kernel (bench H100 2026-11-24, docs/performance.md)."""
+    from jaxops import ops
+
+    def compiled(f, *args):
+        return jax.jit(f).lower(*args).compile().as_text()
+
+    xs = [jnp.ones((8, 16), jnp.float32)] * 3
+    assert "jaxops_" not in compiled(lambda *x: ops.concat_training(*x, axis=1)[0], *xs)
+    for dtype, kernel in ((jnp.float32, True), (jnp.bfloat16, False), (jnp.float16, False)):
+        x = jnp.ones((8, 48), dtype)
+        text = compiled(lambda x: ops.split_training(x, (16, 32), axis=1), x)
+        assert ("jaxops_split" in text) == kernel, dtype
+    dy = x = jnp.ones((4, 3, 5, 5), jnp.float32)
+    c = jnp.ones((3,), jnp.float32)
+    text = compiled(lambda dy, x, s, m, v: ops.batch_normalization_grad(dy, x, s, m, v,
+                                                                        epsilon=1e-5),
+                    dy, x, c, c, c)
+    assert "jaxops_" not in text

@@ -1,12 +1,15 @@
-"""Train-step time: an ORT training graph run by jaxops vs the same model in PyTorch eager.
+"""Train-step time: an ORT training graph run by jaxops vs the same model in PyTorch (eager
+and torch.compile).
 
-    python -m bench.train_step [--quick] [--precision f32|tf32|both] [--out PATH.json]
+    python -m bench.train_step [--quick | --size 46m|124m] [--precision f32,tf32,bf16|both|all]
+                               [--impls fused,api,torch,compile] [--out PATH.json]
 
 The model is bench/_transformer.py's transformer (pre-norm encoder layers: LayerNorm, softmax
 attention, GELU MLP; a mean-pooled classifier head; CrossEntropyLoss), the one the
 tests/data/transformer fixture is made from, at the size in bench/data/<size>/config.json:
 6 layers, d=768, 12 heads, MLP 3072, seq 512, batch 16, 46M parameters (--quick: 2 layers,
-d=64, seq 32, batch 4, for CPU). Its ORT training artifacts (`tools/make_artifacts.py --bench`)
+d=64, seq 32, batch 4, for CPU; --size 124m: GPT-2-small-sized, 12 layers, d=768, vocab
+50304, seq 1024, batch 8, 124M parameters). Its ORT training artifacts (`tools/make_artifacts.py --bench`)
 are the graphs only: both sides start from the same fresh parameters (torch's default init
 under a fixed seed) and train on the same random batches.
 
@@ -20,6 +23,8 @@ accumulation):
                 optimizer.step(); module.lazy_reset_grad() (two jitted calls per step)
   torch eager   the same nn.Module, F.cross_entropy, torch.optim.AdamW (fused on CUDA) with
                 the optimizer graph's betas, epsilon and weight decay; zero_grad(set_to_none)
+  torch compile the same, the forward and loss through torch.compile (default mode), the
+                backward compiled with it (AOTAutograd), the fused AdamW eager
 
 ORT's AdamWOptimizer (adam_mode 1) adds epsilon to sqrt(m2) before the bias correction,
 torch after it: the same work, but different updates where gradients are near epsilon. So
@@ -37,7 +42,10 @@ Timing, after warm-up (the first steps also compile and check the losses), media
 Precision: the ORT graph is f32 (generate_artifacts has no mixed precision). "f32" runs
 full-f32 matmuls on both sides (jax "float32", torch "highest": torch's default); "tf32"
 TF32 tensor-core matmuls on both (jax "tensorfloat32", what jax does on a GPU by default;
-torch "high").
+torch "high"); "bf16" mixed precision: jaxops loads the training graph with
+precision="bf16" (jaxops/onnx/precision.py), torch runs the forward and loss under
+torch.autocast("cuda"/"cpu", torch.bfloat16); parameters, gradients and AdamW stay f32 on
+both sides.
 """
 from __future__ import annotations
 
@@ -71,15 +79,17 @@ except ImportError as e:
     _MISSING = str(e)
 
 DATA = Path(__file__).resolve().parent / "data"
-SIZES = {False: "transformer_l6_d768_s512_b16", True: "transformer_l2_d64_s32_b4"}
+SIZES = {"46m": "transformer_l6_d768_s512_b16", "124m": "transformer_l12_d768_s1024_b8",
+         "quick": "transformer_l2_d64_s32_b4"}
 SEED = 0
 LR = 1e-4
 BATCHES = 4        # distinct batches, rotated
 CHECK_STEPS = 3    # first steps whose losses are compared across implementations
 # the first step's loss (same parameters, same batch: the forward) of two implementations,
 # relative; later steps are reported, not judged: AdamW's epsilon (module docstring)
-TOL = {"f32": 1e-4, "tf32": 1e-2}
-JAX_PRECISION = {"f32": "float32", "tf32": "tensorfloat32"}
+TOL = {"f32": 1e-4, "tf32": 1e-2, "bf16": 2e-2}
+PRECISIONS = ("f32", "tf32", "bf16")
+JAX_PRECISION = {"f32": "float32", "tf32": "tensorfloat32", "bf16": "tensorfloat32"}
 BUF = "_grad.accumulation.buffer"
 
 
@@ -93,8 +103,9 @@ def cases(quick: bool) -> list:
 # the model, the data, the initial parameters
 
 
-def load_size(quick: bool, directory: Path | None = None) -> tuple[Path, dict]:
-    d = directory or DATA / SIZES[quick]
+def load_size(quick: bool, directory: Path | None = None, size: str = "46m"
+              ) -> tuple[Path, dict]:
+    d = directory or DATA / SIZES["quick" if quick else size]
     return d, json.loads((d / "config.json").read_text())
 
 
@@ -150,9 +161,10 @@ class JaxFused:
 
     name = "jaxops fused"
 
-    def __init__(self, directory: Path, params: dict, device):
+    def __init__(self, directory: Path, params: dict, device, precision=None):
         state = train_core.TrainState.from_checkpoint(ckpt_format.Checkpoint(trainable=params))
-        model = train_core.TrainingModel(directory / "training_model.onnx", state)
+        model = train_core.TrainingModel(directory / "training_model.onnx", state,
+                                         precision=precision)
         if sorted(model.trained) != sorted(params):
             raise ValueError(f"the training graph trains {sorted(model.trained)}, the torch "
                              f"model has {sorted(params)}")
@@ -179,10 +191,10 @@ class JaxAPI:
 
     name = "jaxops API"
 
-    def __init__(self, directory: Path, params: dict, device):
+    def __init__(self, directory: Path, params: dict, device, precision=None):
         self.state = training.CheckpointState(ckpt_format.Checkpoint(trainable=dict(params)))
         self.module = training.Module(directory / "training_model.onnx", self.state,
-                                      device=device)
+                                      device=device, precision=precision)
         self.optimizer = training.Optimizer(directory / "optimizer_model.onnx", self.module)
         self.optimizer.set_learning_rate(LR)
         self.module.lazy_reset_grad()
@@ -205,9 +217,10 @@ class JaxAPI:
 class TorchEager:
     name = "torch eager"
 
-    def __init__(self, torch, config: dict, params: dict, adamw: dict, device: str):
+    def __init__(self, torch, config: dict, params: dict, adamw: dict, device: str,
+                 autocast: bool = False):
         from bench._transformer import Transformer
-        self.torch, self.device = torch, device
+        self.torch, self.device, self.autocast = torch, device, autocast
         self.model = Transformer(**_arch(config)).to(device)
         with torch.no_grad():
             for k, p in self.model.named_parameters():
@@ -216,13 +229,18 @@ class TorchEager:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=adamw["betas"],
                                      eps=adamw["eps"], weight_decay=adamw["weight_decay"],
                                      fused=device == "cuda")
+        self.loss = self._loss
+
+    def _loss(self, ids, labels):
+        with self.torch.autocast(self.device, self.torch.bfloat16, enabled=self.autocast):
+            return self.torch.nn.functional.cross_entropy(self.model(ids), labels)
 
     def put(self, ids, labels):
         return (self.torch.from_numpy(ids).to(self.device),
                 self.torch.from_numpy(labels).to(self.device))
 
     def __call__(self, ids, labels):
-        loss = self.torch.nn.functional.cross_entropy(self.model(ids), labels)
+        loss = self.loss(ids, labels)
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -231,6 +249,17 @@ class TorchEager:
     def sync(self, loss):
         if self.device == "cuda":
             self.torch.cuda.synchronize()
+
+
+class TorchCompile(TorchEager):
+    """torch.compile of the forward and loss (autocast inside the compiled function): the
+    backward is compiled with it; the optimizer is the same fused AdamW."""
+
+    name = "torch compile"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss = self.torch.compile(self._loss)
 
 
 # ----------------------------------------------------------------------------------------
@@ -282,26 +311,34 @@ def measure(impl, data, *, warmup: int, steps: int, burst: int, trials: int, tor
     return res
 
 
-IMPLS = {"fused": JaxFused.name, "api": JaxAPI.name, "torch": TorchEager.name}
+IMPLS = {"fused": JaxFused.name, "api": JaxAPI.name, "torch": TorchEager.name,
+         "compile": TorchCompile.name}
+TORCH = (TorchEager.name, TorchCompile.name)
 
 
 PROFILE_STEPS = 3
 
 
-def profile(impl, data, out: Path, torch=None) -> None:
+def profile(impl, data, out: Path, torch=None, kernels=None) -> None:
     """PROFILE_STEPS steps under jax's or torch's profiler (after measure(): compiled, warm):
     out/ gets the trace (jax: plugins/profile/<time>/perfetto_trace.json.gz; torch:
     trace.json; both open in ui.perfetto.dev) and ops.txt, the time per op or kernel summed
-    over the steps."""
+    over the steps. kernels: torch, to also list a jax step's GPU kernels (XLA's fusions,
+    jaxops' FFI kernels) through torch's profiler, which sees every kernel of the process
+    (jax's own device tracer can fail where torch holds CUPTI): kernels.txt."""
     out.mkdir(parents=True, exist_ok=True)
     data = [impl.put(*b) for b in data]
     if torch is None:
-        with jax.profiler.trace(str(out), create_perfetto_trace=True):
-            for i in range(PROFILE_STEPS):
-                loss = impl(*data[i % len(data)])
-            impl.sync(loss)
-        trace = max(out.glob("plugins/profile/*/perfetto_trace.json.gz"))  # the newest
-        (out / "ops.txt").write_text(_trace_summary(trace))
+        try:
+            with jax.profiler.trace(str(out), create_perfetto_trace=True):
+                for i in range(PROFILE_STEPS):
+                    loss = impl(*data[i % len(data)])
+                impl.sync(loss)
+            trace = max(out.glob("plugins/profile/*/perfetto_trace.json.gz"))  # the newest
+            (out / "ops.txt").write_text(_trace_summary(trace))
+        finally:
+            if kernels is not None:
+                _torch_kernels(kernels, impl, data, out)
         return
     from torch.profiler import ProfilerActivity
     gpu = torch.cuda.is_available() and jax.default_backend() == "gpu"
@@ -313,6 +350,17 @@ def profile(impl, data, out: Path, torch=None) -> None:
     prof.export_chrome_trace(str(out / "trace.json"))
     key = "self_device_time_total" if gpu else "self_cpu_time_total"
     (out / "ops.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=60) + "\n")
+
+
+def _torch_kernels(torch, impl, data, out: Path) -> None:
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(PROFILE_STEPS):
+            loss = impl(*data[i % len(data)])
+        impl.sync(loss)
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=80,
+                                      max_name_column_width=90)
+    (out / "kernels.txt").write_text(f"{PROFILE_STEPS} steps\n{table}\n")
 
 
 def _trace_summary(path: Path, top: int = 60) -> str:
@@ -342,15 +390,17 @@ def run_precision(precision, impls, directory, config, params, data, adamw, torc
                   log, profile_dir=None):
     gpu = jax.default_backend() == "gpu"
     jax_device = jax.devices()[0]
-    builders = {JaxFused.name: lambda: JaxFused(directory, params, jax_device),
-                JaxAPI.name: lambda: JaxAPI(directory, params, jax_device),
-                TorchEager.name: lambda: TorchEager(torch, config, params, adamw,
-                                                    "cuda" if gpu else "cpu")}
+    mixed = "bf16" if precision == "bf16" else None
+    torch_args = (torch, config, params, adamw, "cuda" if gpu else "cpu", mixed is not None)
+    builders = {JaxFused.name: lambda: JaxFused(directory, params, jax_device, mixed),
+                JaxAPI.name: lambda: JaxAPI(directory, params, jax_device, mixed),
+                TorchEager.name: lambda: TorchEager(*torch_args),
+                TorchCompile.name: lambda: TorchCompile(*torch_args)}
     results = {}
     for name in impls:
-        is_torch = name == TorchEager.name
+        is_torch = name in TORCH
         if is_torch:  # "high": TF32 matmuls on CUDA (allow_tf32); "highest": f32
-            torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+            torch.set_float32_matmul_precision("high" if precision != "f32" else "highest")
         t0 = time.perf_counter()
         impl = None
         try:
@@ -361,7 +411,8 @@ def run_precision(precision, impls, directory, config, params, data, adamw, torc
                                          else jax.config.jax_default_matmul_precision)
                 if profile_dir is not None:
                     where = profile_dir / f"{precision}-{name.replace(' ', '-')}"
-                    profile(impl, data, where, torch if is_torch else None)
+                    profile(impl, data, where, torch if is_torch else None,
+                            kernels=torch if gpu and not is_torch else None)
                     r["profile"] = str(where)
             log(f"  {name:13s} step {r['step_ms']:9.3f} ms  synced {r['synced_ms']:9.3f} ms  "
                 f"dispatch {r['dispatch_ms']:8.3f} ms"
@@ -414,13 +465,14 @@ def table(report: dict) -> str:
              f"events = CUDA events. TFLOP/s from {report['flops_per_step'] / 1e12:.3g} TFLOP "
              f"of matmuls per step.", "",
              "| precision | implementation | step ms | TFLOP/s | synced ms | dispatch ms "
-             "| events ms | vs torch (step) | first losses agree |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| events ms | vs torch (step) | vs compile | first losses agree |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for precision, block in report["results"].items():
         torch_ms = block["timings"].get(TorchEager.name, {}).get("step_ms")  # None: failed
+        compile_ms = block["timings"].get(TorchCompile.name, {}).get("step_ms")
         for name, r in block["timings"].items():
             if "error" in r:
-                lines.append(f"| {precision} | {name} | ERROR: {r['error'][:200]} |||||||")
+                lines.append(f"| {precision} | {name} | ERROR: {r['error'][:200]} ||||||||")
                 continue
             agree = block["agreement"].get(name)
             agree_txt = "(reference)" if agree is None else (
@@ -428,12 +480,15 @@ def table(report: dict) -> str:
                 f"then <= {max(agree['rel_diff'][1:]):.0e})")
             speed = (f"{torch_ms / r['step_ms']:.2f}x" if torch_ms and name != TorchEager.name
                      else "–")
+            vs_compile = (f"{compile_ms / r['step_ms']:.2f}x"
+                          if compile_ms and name != TorchCompile.name else "–")
             events = f"{r['events_ms']:.3f}" if "events_ms" in r else "–"
             lines.append(f"| {precision} | {name} | {r['step_ms']:.3f} | "
                          f"{report['flops_per_step'] / (r['step_ms'] * 1e-3) / 1e12:.3g} | "
                          f"{r['synced_ms']:.3f} | {r['dispatch_ms']:.3f} | {events} | {speed} | "
-                         f"{agree_txt} |")
-    lines += ["", "vs torch: torch's step time / this one's (>= 1: no slower than PyTorch eager)."
+                         f"{vs_compile} | {agree_txt} |")
+    lines += ["", "vs torch / vs compile: PyTorch eager's / torch.compile's step time (same "
+              "precision) / this one's (>= 1: no slower)."
               f" Losses: the first {CHECK_STEPS} steps' vs the reference's, from the same "
               "parameters on the same batches (the first step: the forward alone)."]
     if report.get("torch_skipped"):
@@ -451,8 +506,9 @@ def load_torch():
     return torch, None
 
 
-def run(quick: bool, precisions: list[str], *, impls=tuple(IMPLS), directory: Path | None = None,
-        settings: dict | None = None, profile_dir: Path | None = None, log=print) -> dict:
+def run(quick: bool, precisions: list[str], *, impls=("fused", "api", "torch"),
+        directory: Path | None = None, settings: dict | None = None,
+        profile_dir: Path | None = None, log=print, size: str = "46m") -> dict:
     """The benchmark: a report dict (its "table" is the markdown). impls: keys of IMPLS;
     profile_dir: also profile each implementation (profile()) into a folder of it."""
     from bench import harness
@@ -461,8 +517,8 @@ def run(quick: bool, precisions: list[str], *, impls=tuple(IMPLS), directory: Pa
     torch, why_not = load_torch()
     if why_not:
         log(f"torch peer skipped: {why_not}")
-    impls = [IMPLS[k] for k in impls if k != "torch" or torch is not None]
-    directory, config = load_size(quick, directory)
+    impls = [IMPLS[k] for k in impls if k not in ("torch", "compile") or torch is not None]
+    directory, config = load_size(quick, directory, size)
     if settings is None:
         settings = (dict(warmup=2, steps=5, burst=4, trials=2) if quick
                     else dict(warmup=5, steps=20, burst=10, trials=5))
@@ -506,29 +562,37 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.train_step", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the small model (CPU, seconds)")
-    p.add_argument("--precision", choices=["f32", "tf32", "both"],
-                   help="matmul precision of both sides (default: both on a GPU, f32 on CPU)")
-    p.add_argument("--impls", default=",".join(IMPLS),
-                   help=f"comma list of {', '.join(IMPLS)} (default: all)")
+    p.add_argument("--size", choices=["46m", "124m"], default="46m",
+                   help="the model (without --quick): 46m (default) or 124m (GPT-2-small-sized)")
+    p.add_argument("--precision",
+                   help="comma list of f32, tf32, bf16, or both (f32,tf32) or all (default: "
+                   "tf32,bf16 on a GPU, f32 on CPU)")
+    p.add_argument("--impls", help=f"comma list of {', '.join(IMPLS)} (default: all on a GPU; "
+                   "on CPU all but compile, whose inductor build takes minutes there)")
     p.add_argument("--profile", type=Path, metavar="DIR", help="also profile "
                    f"{PROFILE_STEPS} steps of each implementation: DIR/<precision>-<impl>/"
                    "{trace, ops.txt}")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/train_step-<time>"
                    ".json); the table also goes next to it as .md")
     args = p.parse_args(argv)
-    precision = args.precision or ("both" if jax.default_backend() == "gpu" else "f32")
-    precisions = ["f32", "tf32"] if precision == "both" else [precision]
+    gpu = jax.default_backend() == "gpu"
+    precision = args.precision or ("tf32,bf16" if gpu else "f32")
+    precisions = {"both": ["f32", "tf32"], "all": list(PRECISIONS)}.get(
+        precision, [x.strip() for x in precision.split(",") if x.strip()])
+    if not precisions or set(precisions) - set(PRECISIONS):
+        p.error(f"--precision: {precision!r} (choose from {', '.join(PRECISIONS)}, both, all)")
     if jax.default_backend() == "cpu":
         try:  # torch's spinning thread pool thrashes on a shared CPU: one thread is steadier
             import torch
             torch.set_num_threads(1)
         except ImportError:
             pass
-    impls = [x.strip() for x in args.impls.split(",") if x.strip()]
+    default = list(IMPLS) if gpu else [k for k in IMPLS if k != "compile"]
+    impls = [x.strip() for x in args.impls.split(",") if x.strip()] if args.impls else default
     unknown = set(impls) - set(IMPLS)
     if unknown:
         p.error(f"--impls: unknown {sorted(unknown)} (choose from {', '.join(IMPLS)})")
-    report = run(args.quick, precisions, impls=impls, profile_dir=args.profile)
+    report = run(args.quick, precisions, impls=impls, profile_dir=args.profile, size=args.size)
     out = args.out
     if out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -101,3 +101,25 @@ def test_profile_writes_traces_and_op_tables(tmp_path):
 def _torch():
     """Whether the bench runs torch here (importable, and on CUDA when jax is on a GPU)."""
     return train_step.load_torch()[0] is not None
+
+
+def test_bf16_rows_track_f32(tmp_path):
+    """--precision f32,bf16: the bf16 rows (jaxops with precision="bf16"; torch, where it
+    runs, under autocast) train, and their first losses track the f32 run's."""
+    out = tmp_path / "r.json"
+    assert train_step.main(["--quick", "--precision", "f32,bf16", "--impls", "fused,api",
+                            "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    f32 = results["f32"]["timings"]["jaxops fused"]["first_losses"]
+    for name in ("jaxops fused", "jaxops API"):
+        bf16 = results["bf16"]["timings"][name]["first_losses"]
+        np.testing.assert_allclose(bf16, f32, rtol=train_step.TOL["bf16"])
+        assert bf16 != f32  # computed in another precision
+    assert "| bf16 | jaxops fused |" in out.with_suffix(".md").read_text()
+
+
+def test_precision_and_size_arguments():
+    with pytest.raises(SystemExit):
+        train_step.main(["--quick", "--precision", "f16"])
+    d, config = train_step.load_size(False, size="124m")
+    assert d.name == "transformer_l12_d768_s1024_b8"

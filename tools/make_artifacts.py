@@ -153,6 +153,9 @@ MODELS = {"mlp": (MLP, 14), "cnn": (CNN, 14), "transformer": (Transformer, 17)}
 BENCH = {
     "transformer_l6_d768_s512_b16": dict(vocab=4096, dim=768, heads=12, hidden=3072, layers=6,
                                          classes=5, seq=512, batch=16),
+    # GPT-2-small-sized (124M): its vocabulary (padded to 50304), width, depth and context
+    "transformer_l12_d768_s1024_b8": dict(vocab=50304, dim=768, heads=12, hidden=3072,
+                                          layers=12, classes=5, seq=1024, batch=8),
     "transformer_l2_d64_s32_b4": dict(vocab=256, dim=64, heads=4, hidden=256, layers=2,
                                       classes=5, seq=32, batch=4),
 }

@@ -13,7 +13,7 @@ from jaxops.onnx.program import Program, subgraphs
 
 def load(model, *, base_dir: str | os.PathLike | None = None,
          python_ops: dict[str, Callable] | None = None, constants=(),
-         max_bytes: int | None = None) -> Program:
+         max_bytes: int | None = None, precision: str | None = None) -> Program:
     """Imports an ONNX model (a path, serialized bytes or a ModelProto) as a `Program`.
 
     base_dir: the folder that external-data paths are relative to (default: the model file's
@@ -27,6 +27,11 @@ def load(model, *, base_dir: str | os.PathLike | None = None,
       before anything is allocated or traced, per value (dense sparse tensors together); a
       larger one is refused with an OnnxImportError naming the node. Default: half the
       machine's physical memory (`jaxops.onnx.program.default_max_bytes`).
+    precision: None (or "f32") computes as the graph declares; "bf16" is mixed precision as
+      torch's bf16 autocast does it: matmuls and convolutions in bfloat16 with float32
+      accumulation, softmax, normalizations, reductions, losses, gradient accumulation and
+      optimizers in float32, the ops between them in the dtype of their activations
+      (`jaxops.onnx.precision` has the rule). "f16" (which needs loss scaling) is refused.
 
     Fails with one `OnnxImportError` listing every unsupported (domain, op_type, version).
     """
@@ -35,7 +40,8 @@ def load(model, *, base_dir: str | os.PathLike | None = None,
     except MemoryError:  # a file (or its external data) larger than the memory left
         raise OnnxImportError("the model does not fit in memory (MemoryError while reading "
                               "it)") from None
-    return Program(proto, python_ops=python_ops, constants=constants, max_bytes=max_bytes)
+    return Program(proto, python_ops=python_ops, constants=constants, max_bytes=max_bytes,
+                   precision=precision)
 
 
 def read_model(model, *, base_dir=None) -> onnx.ModelProto:

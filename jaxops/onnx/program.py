@@ -29,7 +29,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from jaxops._src.disable import routed_to_xla
 from jaxops.onnx import functions, registry, signature
+from jaxops.onnx import precision as _precision
 from jaxops.onnx.errors import OnnxImportError
 from jaxops.onnx.registry import canonical_domain
 
@@ -204,6 +206,9 @@ class _Plan:
         self.params = params
         self.input_names = input_names
         self.output_names = output_names
+        # the outputs the graph declares float32 (mixed precision restores their dtype)
+        self.declared_f32 = {vi.name for vi in graph.output if vi.type.HasField("tensor_type")
+                             and vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
 
 
 class _Call:
@@ -371,8 +376,12 @@ class Program:
     refusals are OnnxImportErrors (docs/onnx-importer.md, Errors)."""
 
     def __init__(self, model, *, python_ops: dict[str, Callable] | None = None, constants=(),
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, precision: str | None = None):
         self.model = model
+        # None (float32 as the graph says) or "bf16": the per-node dtype policy of
+        # jaxops.onnx.precision, applied in _run_step
+        self.precision = _precision.check(precision)
+        self._policy = None if self.precision is None else _precision.Policy(self.precision)
         # the memory budget: no value that the model asks for (initializer, sparse tensor,
         # node output) may need more bytes; see default_max_bytes
         self.max_bytes = default_max_bytes() if max_bytes is None else int(max_bytes)
@@ -496,7 +505,11 @@ class Program:
         inputs = [given[n] for n in names]
         self._dry_run(params, inputs, dims)
         call = _Call({}, dims)
-        return self._run(self._main, inputs, call, params=params), call.updates
+        outputs = self._run(self._main, inputs, call, params=params)
+        if self._policy is not None:  # an input updated in place keeps its dtype
+            call.updates = {n: _precision.like(v, given.get(n))
+                            for n, v in call.updates.items()}
+        return outputs, call.updates
 
     def _dry_run(self, params, inputs, dims):
         """Called eagerly (no tracer among params and inputs), every jax operation would
@@ -539,7 +552,13 @@ class Program:
         scope.host.update(n for n, h in zip(plan.input_names, host_inputs) if h)
         for step in plan.steps:
             self._run_step(step, scope)
-        return [values[n] for n in plan.output_names]
+        if self._policy is None:
+            return [values[n] for n in plan.output_names]
+        # mixed precision: what the graph declares float32 leaves it float32 (a loop's carried
+        # values, a branch's results and the model's outputs keep their declared types)
+        declared = plan.declared_f32
+        return [_precision.cast(values[n], np.float32) if n in declared else values[n]
+                for n in plan.output_names]
 
     def _run_step(self, step: _Step, scope: _Scope):
         ctx = NodeContext(self, step, scope)
@@ -547,10 +566,15 @@ class Program:
         on_host = step.may_run_on_host and all(scope.on_host(n) for n in step.reads)
         try:
             args = [values[n] if n else None for n in step.inputs]
+            if self._policy is not None and not on_host:
+                args = self._policy.inputs(step.node.op_type, args)
             if on_host:
                 _check_broadcast(ctx, args)
                 with jax.ensure_compile_time_eval(), jax.enable_x64(True):
                     out = _to_host(step.fn(ctx, *args, **step.attrs))
+            elif self._policy is not None:
+                with routed_to_xla(self._policy.xla):
+                    out = step.fn(ctx, *args, **step.attrs)
             else:
                 out = step.fn(ctx, *args, **step.attrs)
         except OnnxImportError:

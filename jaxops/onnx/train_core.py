@@ -102,9 +102,9 @@ def _model(uri) -> onnx.ModelProto:
     return uri if isinstance(uri, onnx.ModelProto) else onnx.load(os.fspath(uri))
 
 
-def _load_program(model: onnx.ModelProto):
+def _load_program(model: onnx.ModelProto, precision=None):
     from jaxops.onnx import load  # the importer; imported late to keep this module light
-    return load(model)
+    return load(model, precision=precision)
 
 
 def _run(program, feeds: dict) -> tuple[dict, dict]:
@@ -147,7 +147,8 @@ class TrainingModel:
 
     `state` names the parameters (graph inputs that are in it are parameters); its values are
     not kept. loss_fn: `loss_fn(outputs, *labels) -> scalar` for a forward-only model (see
-    `jaxops.onnx.training.Module`).
+    `jaxops.onnx.training.Module`). precision: the training and eval programs' (None or
+    "bf16", `jaxops.onnx.load`); the optimizer model stays float32.
 
     Attributes: `program` / `eval_program` (the imported graphs), `param_names` (the
     parameters the training model reads, in its input order), `trained` (those it trains:
@@ -155,9 +156,10 @@ class TrainingModel:
     / `eval_output_names`, `forward_only`.
     """
 
-    def __init__(self, training_model, state: TrainState, eval_model=None, *, loss_fn=None):
+    def __init__(self, training_model, state: TrainState, eval_model=None, *, loss_fn=None,
+                 precision=None):
         model = _model(training_model)
-        self.program = _load_program(model)
+        self.program = _load_program(model, precision)
         names = {**state.params, **state.frozen}
         graph_inputs = [i.name for i in model.graph.input]
         self.param_names = [n for n in graph_inputs if n in names]
@@ -191,7 +193,7 @@ class TrainingModel:
         self.eval_program = None
         if eval_model is not None:
             emodel = _model(eval_model)
-            self.eval_program = _load_program(emodel)
+            self.eval_program = _load_program(emodel, precision)
             self._eval_model_inputs = [i.name for i in emodel.graph.input if i.name not in names]
             self.eval_input_names = self._eval_model_inputs + labels
             self.eval_output_names = (["loss"] if loss_fn is not None

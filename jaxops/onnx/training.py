@@ -231,18 +231,22 @@ class Module:
       here each time the artifacts are loaded. It also gives the eval model's result.
     device: where the parameters and the steps live: None (jax's default device, a GPU where
       jax has one), a jax.Device, or ORT's names 'cpu', 'cuda', 'cuda:N'.
+    precision: None (float32, as the graphs say) or "bf16" (mixed precision of the training
+      and eval graphs; parameters, gradients and the optimizer stay float32): see
+      `jaxops.onnx.load`.
 
     state: the CheckpointState; core: the TrainingModel whose pure steps this calls.
     """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
-                 device: str | jax.Device | None = None, *, loss_fn=None):
+                 device: str | jax.Device | None = None, *, loss_fn=None, precision=None):
         self.state = state
         self._device = _device(device)
         ts = state.train_state
         if self._device is not None:
             ts = jax.device_put(ts, self._device).replace(step=ts.step)
-        self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn)
+        self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn,
+                                  precision=precision)
         state.train_state = self.core.init(ts)
         self._reset = False  # gradients are zero already: accumulating into them is the same
         self._training = True

@@ -173,19 +173,22 @@ def main(argv=None):
     copy = harness.copy_bandwidth(harness.Settings.make(args.quick), torch)["bytes_per_s"]
     w, g, m1, m2 = _split(_make_inputs(shapes)(jax.random.key(0)), n)
     calls = 8 if args.quick else 20
-    rows = {}
+    rows, t0 = {}, time.perf_counter()
     for label, make in (("optax.adamw", lambda: optax.adamw(LR, B1, B2, EPS, weight_decay=WD)),
                         ("jaxops.optim.adamw", lambda: jo.adamw(LR, B1, B2, EPS,
                                                                  weight_decay=WD))):
         for path in ("update", "step") if label.startswith("jaxops") else ("update",):
             name = f"{label} {'update + apply_updates' if path == 'update' else '.step'}"
             rows[name] = _optax_like(make(), path, w, g, m1, m2, calls)
+            print(f"{name}: {rows[name]} s a step ({time.perf_counter() - t0:.0f} s)",
+                  flush=True)
     for mode, s in _ort_api(w, g, m1, m2, calls, LR).items():
         rows.setdefault("ORT-API Optimizer.step()", {})[mode] = s
     peer = _torch_fused(w, g, m1, m2, calls, dict(lr=LR, b1=B1, b2=B2, eps=EPS, wd=WD))
     if peer:
         rows["torch.optim.AdamW(fused=True)"] = peer
     step_bytes = 7 * 4 * numel
+    print(f"({time.perf_counter() - t0:.0f} s)")
     print(f"\nAdamW over {n} tensors, {numel / 1e6:.1f}M f32 parameters; device "
           f"{jax.devices()[0].device_kind}; copy {copy / 1e9:.0f} GB/s; {STEPS} steps a loop "
           f"call, bursts of {calls} calls\n")

@@ -122,10 +122,30 @@ def test_ort_api_steps_equal_the_per_name_trainer(graph):
         optimizer.step()
         module.lazy_reset_grad()
     their_losses, theirs = _functional(opt)
-    np.testing.assert_array_equal(losses, their_losses)
+    # the packed train step is another XLA program (slices of the flat buffers): on an H100
+    # its losses were 1 f32 ulp off, and 3 AdamW steps lift that to 8e-6 of a weight
+    np.testing.assert_allclose(losses, their_losses, rtol=1e-6)
     ours = state.train_state
     assert int(ours.step) == int(theirs.step) == 3
-    _assert_same(ours.replace(step=None), theirs.replace(step=None))
+    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    for a, b in zip(jax.tree.leaves(ours.replace(step=None)),
+                    jax.tree.leaves(theirs.replace(step=None))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_update_is_the_per_name_update_bit_for_bit():
+    """ORT's AdamW node over the flat buffers: the same bits as over each tensor."""
+    state = TrainState.from_checkpoint(C.load(MLP / "checkpoint"))
+    model = TrainingModel(MLP / "training_model.onnx", state)
+    optimizer = OptimizerModel(MLP / "optimizer_model.onnx", model)
+    state = optimizer.init(model.init(state))
+    r = np.random.default_rng(1)
+    state = state.replace(grads={n: jnp.asarray(r.normal(size=g.shape), g.dtype)
+                                 for n, g in state.grads.items()}, step=jnp.int32(4))
+    want = jax.jit(optimizer.update)(state, np.float32(LR))
+    packed = PackedState.pack(state, model.trained)
+    got = jax.jit(optimizer.update_packed)(packed, np.float32(LR)).unpack()
+    _assert_same(got, want)
 
 
 def test_a_step_hands_jit_a_few_buffers():

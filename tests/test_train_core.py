@@ -84,14 +84,16 @@ def _classes(kind):
     return losses, state.train_state
 
 
-def _assert_states_equal(ours, theirs, rtol=1e-6):
+def _assert_states_equal(ours, theirs, rtol=1e-5):
+    # the classes' packed train step is another XLA program: 1 f32 ulp in a loss on an H100,
+    # which 3 AdamW steps lift to 8e-6 of a weight
     assert jax.tree.structure(ours) == jax.tree.structure(theirs)
     assert int(ours.step) == int(theirs.step) == STEPS
     for path, a in jax.tree_util.tree_leaves_with_path(ours):
         b = theirs
         for key in path:
             b = getattr(b, key.name) if hasattr(key, "name") else b[key.key]
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-7,
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-6,
                                    err_msg=jax.tree_util.keystr(path))
 
 

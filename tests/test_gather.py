@@ -150,13 +150,30 @@ def test_gather_grad_is_deterministic(rng):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_gather_grad_long_runs(rng, dtype):
-    # runs much longer than a CUDA chunk (32 rows), crossing many chunks; inner 1 and vectorised
-    for shape, n in (((5, 64), 700), ((3, 1), 500), ((2, 9), 300)):
+    # On CUDA a run of 2P or more rows (P = 32..256, about N / V) is summed in pieces of P over
+    # several blocks: long runs of a few pieces (P = 256) and of many (P = 32, with a remainder),
+    # among short ones; inner 1, 9 (not vectorised) and 64
+    for shape, n, long in (((5, 64), 1500, 900), ((3, 1), 1200, 900), ((2, 9), 1100, 800),
+                           ((300, 64), 2000, 1517)):
         ids = rng.integers(0, shape[0], n).astype(np.int32)
-        ids[:200] = 1
+        ids[:long] = 1
+        ids = rng.permutation(ids)
         dy = random_float(rng, (n, shape[1]), dtype)
         out = ops.gather_grad(shape, ids, dy)
         assert_close(out, np_gather_grad(shape, ids, dy, 0), dtype, ulps=32)
+
+
+def test_gather_grad_writes_every_row(rng):
+    # CUDA writes each dX row once (zeros where no index points) instead of zero-filling dX
+    # first: a donated NaN buffer of dX's shape, which the output may reuse, must not show through
+    v, d, n = 300, 64, 500
+    ids = jnp.asarray(rng.integers(-40, 40, n), jnp.int32)  # most rows get no index
+    dy = random_float(rng, (n, d), jnp.float32)
+    fn = jax.jit(lambda buf, i, g: ops.gather_grad((v, d), i, g), donate_argnums=0)
+    want = np_gather_grad((v, d), ids, dy, 0)
+    for _ in range(3):
+        out = np.asarray(fn(jnp.full((v, d), jnp.nan, jnp.float32), ids, dy))
+        assert_close(out, want, jnp.float32, ulps=32)
 
 
 def test_gather_grad_jit(rng):

@@ -1,24 +1,33 @@
 // CUDA handler of GatherGrad, with the semantics of ffi/cpu/gather.cc (gather.h). Deterministic:
-// the same bits every run, no float atomics.
+// the same bits every run, no float atomics. dX is written exactly once (no zero fill first).
 //
-//   1. dX = 0 (cudaMemsetAsync); rows no index addresses stay zero.
-//   2. keys[p] = the row index p addresses (wrapped; V when dropped), pos[p] = p, sorted by key
-//      with CUB's stable radix sort: each row's positions end up together, in increasing order.
-//   3. chunk_sum: the sorted entries are cut into chunks of kChunk. A block takes one chunk (and
-//      a range of columns, 16-byte vectors along the row) and sums the dY rows of each run of
-//      equal keys in sorted order, in f32 (f64 for f64). A run wholly inside the chunk is written
-//      to dX; a run crossing the chunk's start or end leaves its partial sum in the workspace.
-//      Every block reads the same number of rows, however skewed the ids are (Zipf heads).
-//   4. combine: for each run that crosses chunks, the chunk where it starts adds the partial
-//      sums of the chunks it spans, in chunk order, and writes the dX row.
-// The grouping depends on shapes only, so results are reproducible across runs and devices.
-// Work buffers come from XLA's scratch allocator (CUB's temp size is known only here).
+//   1. keys[p] = the row index p addresses (wrapped; V when dropped), pos[p] = p, sorted by key
+//      with CUB's stable radix sort over the bits V needs: each row's positions end up
+//      together, in increasing order (its run).
+//   2. row_bounds: row_start[r] = the first sorted entry with key >= r (a binary search per
+//      row), so row r's run is [row_start[r], row_start[r + 1]); row_start[V] counts the valid
+//      entries. It also zeroes the arrival counters of step 3.
+//   3. segment_sum, one launch, blocks of two kinds (and a range of columns each, 16-byte
+//      vectors along the row):
+//      - units: a run shorter than 2P entries is one unit; a longer run is cut into pieces of P
+//        from its start, the last piece taking the remainder (P to 2P - 1 entries). P (32 to
+//        256) comes from the shapes only: about N / V, so that uniform ids make whole runs.
+//        The sorted entries are cut into chunks of P; a chunk block sums, in sorted order, the
+//        units that start in its chunk (fewer than 3P entries) and writes each whole run's dX
+//        row. A piece leaves its sum in the chunk's partial slot (a piece covers the rest of
+//        its chunk, so a chunk starts at most one piece); the last of a run's piece blocks to
+//        arrive (an integer counter) adds the run's partial sums in piece order and writes the
+//        row. The order of every sum depends on the ids and shapes only.
+//      - zero rows: blocks of kZeroRows rows write zeros to the rows no index addresses.
+// Sums are in f32 (f64 for f64). Work buffers come from XLA's scratch allocator (CUB's temp size
+// is known only here).
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 #include <cstring>
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/dispatch/dispatch_radix_sort.cuh>
 #include <string>
 #include <type_traits>
 
@@ -31,12 +40,38 @@
 namespace jaxops::gather {
 namespace {
 
-constexpr int kChunk = 32;     // sorted entries per chunk_sum block
-constexpr int kUnroll = 8;     // dY rows loaded before they are summed: loads in flight
-constexpr int kThreads = 128;  // threads per block, one 16-byte column vector each
-constexpr uint32_t kNoKey = UINT32_MAX;  // never a row index (V < INT32_MAX)
+constexpr int kUnroll = 8;      // dY rows loaded before they are summed: loads in flight
+constexpr int kThreads = 128;   // threads per block, one 16-byte column vector each
+constexpr int kMinPiece = 32;   // P's range (powers of two)
+constexpr int kMaxPiece = 256;
+constexpr int kZeroRows = 32;   // rows per zero-row block
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// CUB's radix sort tuned for the sizes here (N of 10^4 to 10^6): its own Hopper onesweep tile is
+// 384 x 23 items, so 16384 keys run on 2 blocks and 65536 on 8 (about 11 us a pass, measured on
+// an H100). Tiles of 256 x 8 spread each pass over 4.5x more blocks. Everything else is CUB's.
+using SortOffset = cub::detail::choose_offset_t<int>;
+struct SortPolicyHub {
+  using Hub = cub::detail::radix::policy_hub<uint32_t, int32_t, SortOffset>;
+  struct Policy : cub::ChainedPolicy<900, Policy, Policy>,
+                  Hub::OnesweepSmallKeyTunedPolicy<
+                      cub::detail::radix::sm90_small_key_tuning<4, 4, sizeof(SortOffset)>> {
+    using OnesweepPolicy = cub::AgentRadixSortOnesweepPolicy<
+        256, 8, uint32_t, 1, cub::RADIX_RANK_MATCH_EARLY_COUNTS_ANY,
+        cub::BLOCK_SCAN_RAKING_MEMOIZE, cub::RADIX_SORT_STORE_DIRECT, ONESWEEP_RADIX_BITS>;
+  };
+  using MaxPolicy = Policy;
+};
+using Sort = cub::DispatchRadixSort<cub::SortOrder::Ascending, uint32_t, int32_t, SortOffset,
+                                    cub::detail::identity_decomposer_t, SortPolicyHub>;
+
+// P: the power of two in [kMinPiece, kMaxPiece] nearest above the mean run length N / V.
+int piece_size(int64_t n, int64_t v) {
+  int p = kMinPiece;
+  while (p < kMaxPiece && p < ceil_div(n, v)) p *= 2;
+  return p;
+}
 
 // dY is read once: 16-byte loads bypass L1 and are evicted first from L2.
 template <typename T, int VEC>
@@ -69,40 +104,107 @@ __global__ void make_keys(const I* idx, int64_t n, int64_t v, uint32_t* keys, in
   }
 }
 
+// row_start[r] for r in [0, V] (lower bound of r in the sorted keys); counters[:ncounters] = 0.
+__global__ void row_bounds(const uint32_t* keys, int n, int64_t v, int32_t* row_start,
+                           int32_t* counters, int64_t ncounters) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r <= v || r < ncounters;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    if (r <= v) {
+      int lo = 0, hi = n;
+      while (lo < hi) {
+        const int mid = int((unsigned(lo) + unsigned(hi)) / 2);
+        if (int64_t(keys[mid]) < r) lo = mid + 1; else hi = mid;
+      }
+      row_start[r] = lo;
+    }
+    if (r < ncounters) counters[r] = 0;
+  }
+}
+
 // Shapes of one call. Columns are VEC-element vectors of the [outer, inner] plane; column j is
 // (o, iv) = (j / inner_vecs, j % inner_vecs). dY row p of column j: dy[(o*n + p)*inner + iv*VEC].
 struct Dims {
   int64_t n, v, inner_vecs, cols;
+  int piece;       // P
+  int64_t chunks;  // ceil(n / P): the chunk blocks come first in the grid
 };
 
-// Workspace of partial sums: [chunk][slot][column][VEC]; slot 0 holds the chunk's first run when
-// it started in an earlier chunk, slot 1 its last run when it starts here and goes on.
-template <typename A, int VEC>
-__device__ __forceinline__ A* partial_at(A* partial, int64_t chunk, int slot, int64_t j,
-                                         int64_t cols) {
-  return partial + ((chunk * 2 + slot) * cols + j) * VEC;
+template <typename T, int VEC>
+__device__ void zero_rows(const int32_t* row_start, const Dims& d, int64_t r0, T* dx) {
+  const int64_t inner = d.inner_vecs * VEC;
+  const int64_t r1 = min(r0 + kZeroRows, d.v);
+  acc_t<T> zero[VEC] = {};
+  for (int64_t j = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; j < d.cols;
+       j += int64_t(gridDim.y) * blockDim.x) {
+    const int64_t o = j / d.inner_vecs, iv = j - o * d.inner_vecs;
+    T* dst = dx + o * d.v * inner + iv * VEC;
+    for (int64_t r = r0; r < r1; ++r)
+      if (row_start[r] == row_start[r + 1]) store_row<T, VEC>(dst + r * inner, zero);
+  }
 }
 
+// At least 6 blocks an SM (5 for 8-wide rows, which would spill at 6): more dY loads in flight.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads)
-chunk_sum(const uint32_t* keys, const int32_t* pos, Dims d, const T* dy, T* dx,
-          acc_t<T>* partial) {
+__global__ void __launch_bounds__(kThreads, VEC >= 8 ? 5 : 6)
+segment_sum(const uint32_t* keys, const int32_t* pos, const int32_t* row_start, Dims d,
+            const T* dy, T* dx, acc_t<T>* partial, int32_t* counters) {
   using A = acc_t<T>;
-  // s_key[0]: the key before the chunk, s_key[1..len]: the chunk's, s_key[len+1]: the one after
-  __shared__ uint32_t s_key[kChunk + 2];
-  __shared__ int32_t s_pos[kChunk];
-  const int64_t chunk = blockIdx.x, begin = chunk * kChunk;
-  const int len = int(min(int64_t(kChunk), d.n - begin));
-  for (int t = threadIdx.x; t < len; t += blockDim.x) {
-    s_key[t + 1] = keys[begin + t];
-    s_pos[t] = pos[begin + t];
+  if (blockIdx.x >= d.chunks) {
+    zero_rows<T, VEC>(row_start, d, (blockIdx.x - d.chunks) * int64_t(kZeroRows), dx);
+    return;
   }
+  const int P = d.piece;
+  const int64_t c = blockIdx.x;
+  const int begin = int(c * P), nvalid = row_start[d.v];
+  if (begin >= nvalid) return;  // dropped entries only
+  const int cend = min(begin + P, nvalid);
+
+  __shared__ uint8_t s_flag[kMaxPiece];        // s_flag[t]: a unit starts at entry begin + t
+  __shared__ uint32_t s_key[3 * kMaxPiece];    // keys and positions of the block's entries
+  __shared__ int32_t s_pos[3 * kMaxPiece];
+  __shared__ int s_first, s_end;               // first unit start (chunk-local), last unit end
+  __shared__ int s_run, s_pieces;              // the run whose piece starts here; 0: no piece
+  __shared__ bool s_last;
   if (threadIdx.x == 0) {
-    s_key[0] = begin > 0 ? keys[begin - 1] : kNoKey;
-    s_key[len + 1] = begin + len < d.n ? keys[begin + len] : kNoKey;
+    s_first = P;
+    s_end = 0;
+    s_pieces = 0;
   }
   __syncthreads();
-
+  for (int t = threadIdx.x; t < P; t += blockDim.x) {
+    const int e = begin + t;
+    bool start = false;
+    if (e < cend) {
+      const uint32_t k = keys[e];
+      const int s = row_start[k], len = row_start[k + 1] - s;
+      int end = s + len;
+      if (len < 2 * P) {
+        start = e == s;
+      } else {
+        const int m = len / P, jp = (e - s) / P;
+        start = (e - s) % P == 0 && jp < m;
+        if (jp < m - 1) end = e + P;
+        if (start) {
+          s_run = s;
+          s_pieces = m;
+        }
+      }
+      if (start) {
+        atomicMin(&s_first, t);
+        atomicMax(&s_end, end);
+      }
+    }
+    s_flag[t] = start;
+  }
+  __syncthreads();
+  if (s_first == P) return;  // inside a piece that started in an earlier chunk
+  const int first = begin + s_first, len = s_end - first;  // len < 3P
+  for (int l = threadIdx.x; l < len; l += blockDim.x) {
+    s_key[l] = keys[first + l];
+    s_pos[l] = pos[first + l];
+  }
+  __syncthreads();
+  const int pieces = s_pieces;  // > 0: the last unit is a piece of a long run
   const int64_t inner = d.inner_vecs * VEC;
   for (int64_t j = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; j < d.cols;
        j += int64_t(gridDim.y) * blockDim.x) {
@@ -110,73 +212,68 @@ chunk_sum(const uint32_t* keys, const int32_t* pos, Dims d, const T* dy, T* dx,
     const T* src = dy + o * d.n * inner + iv * VEC;
     T* dst = dx + o * d.v * inner + iv * VEC;
     A acc[VEC] = {};
-    int run_start = 0;
-    // Ends the run [run_start, e) of key `key`: to dX when whole, else to its partial slot.
-    auto flush = [&](int e, uint32_t key) {
-      if (key < uint32_t(d.v)) {
-        const bool before = run_start == 0 && s_key[0] == key;
-        const bool after = e == len && s_key[len + 1] == key;
-        if (!before && !after) {
-          store_row<T, VEC>(dst + int64_t(key) * inner, acc);
-        } else {
-          A* p = partial_at<A, VEC>(partial, chunk, before ? 0 : 1, j, d.cols);
+    int u = 0;  // start of the current unit
+    // Ends the unit [u, e): its dX row, or the chunk's partial slot for a piece.
+    auto flush = [&](int e) {
+      if (e == len && pieces > 0) {
+        A* p = partial + (c * d.cols + j) * VEC;
 #pragma unroll
-          for (int t = 0; t < VEC; ++t) p[t] = acc[t];
-        }
+        for (int t = 0; t < VEC; ++t) p[t] = acc[t];
+      } else {
+        store_row<T, VEC>(dst + int64_t(s_key[u]) * inner, acc);
       }
 #pragma unroll
       for (int t = 0; t < VEC; ++t) acc[t] = A(0);
-      run_start = e;
+      u = e;
     };
-    for (int e0 = 0; e0 < len; e0 += kUnroll) {
+    for (int l0 = 0; l0 < len; l0 += kUnroll) {
       Pack<T, VEC> rows[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (e0 + u < len) rows[u] = load_pack<T, VEC>(src + int64_t(s_pos[e0 + u]) * inner);
+      for (int q = 0; q < kUnroll; ++q)
+        if (l0 + q < len) rows[q] = load_pack<T, VEC>(src + int64_t(s_pos[l0 + q]) * inner);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int e = e0 + u;
-        if (e < len) {
-          if (e > run_start && s_key[e + 1] != s_key[e]) flush(e, s_key[e]);
+      for (int q = 0; q < kUnroll; ++q) {
+        const int l = l0 + q, t = s_first + l;
+        if (l < len) {
+          if (l > u && t < P && s_flag[t]) flush(l);
 #pragma unroll
-          for (int t = 0; t < VEC; ++t) acc[t] += to_acc(rows[u].v[t]);
+          for (int i = 0; i < VEC; ++i) acc[i] += to_acc(rows[q].v[i]);
         }
       }
     }
-    flush(len, s_key[len]);
+    flush(len);
   }
-}
+  if (pieces == 0) return;
 
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads)
-combine(const uint32_t* keys, Dims d, const acc_t<T>* partial, T* dx) {
-  using A = acc_t<T>;
-  const int64_t chunk = blockIdx.x, begin = chunk * kChunk;
-  const int64_t end = min(begin + kChunk, d.n);
-  const uint32_t key = keys[end - 1];
-  // Only a run that goes on past this chunk and starts in it is combined here.
-  if (key >= uint32_t(d.v) || end >= d.n || keys[end] != key) return;
-  if (begin > 0 && keys[begin - 1] == key) return;
-  // The last chunk the run reaches: the largest c with keys[c * kChunk] == key (keys are
-  // sorted; chunk + 1 starts inside the run). A binary search, so that the partial-sum loads
-  // below do not wait on one another.
-  int64_t last = chunk + 1, hi = (d.n - 1) / kChunk;
-  while (last < hi) {
-    const int64_t mid = (last + hi + 1) / 2;
-    if (keys[mid * kChunk] == key) last = mid; else hi = mid - 1;
-  }
-  const int64_t inner = d.inner_vecs * VEC;
+  // The last piece block of the run to arrive adds the pieces' sums, in piece order.
+  const int64_t c0 = s_run / P;  // piece q of the run sits in chunk c0 + q
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    s_last = atomicAdd(&counters[c0 * gridDim.y + blockIdx.y], 1) == pieces - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const uint32_t key = s_key[len - 1];
   for (int64_t j = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; j < d.cols;
        j += int64_t(gridDim.y) * blockDim.x) {
-    A acc[VEC];
-    const A* p = partial_at<const A, VEC>(partial, chunk, 1, j, d.cols);
+    constexpr int kBatch = VEC >= 8 ? 4 : 8;  // partial rows loaded at once (registers)
+    A acc[VEC] = {};
+    for (int q0 = 0; q0 < pieces; q0 += kBatch) {
+      A part[kBatch][VEC];
 #pragma unroll
-    for (int t = 0; t < VEC; ++t) acc[t] = p[t];
-#pragma unroll 8
-    for (int64_t c = chunk + 1; c <= last; ++c) {  // the chunks the run spans, in order
-      const A* q = partial_at<const A, VEC>(partial, c, 0, j, d.cols);
+      for (int q = 0; q < kBatch; ++q)
+        if (q0 + q < pieces) {
+          const A* p = partial + ((c0 + q0 + q) * d.cols + j) * VEC;
 #pragma unroll
-      for (int t = 0; t < VEC; ++t) acc[t] += q[t];
+          for (int t = 0; t < VEC; ++t) part[q][t] = __ldcg(p + t);  // L2: other SMs wrote it
+        }
+#pragma unroll
+      for (int q = 0; q < kBatch; ++q)
+        if (q0 + q < pieces) {
+#pragma unroll
+          for (int t = 0; t < VEC; ++t) acc[t] += part[q][t];
+        }
     }
     const int64_t o = j / d.inner_vecs, iv = j - o * d.inner_vecs;
     store_row<T, VEC>(dx + (o * d.v + key) * inner + iv * VEC, acc);
@@ -197,14 +294,27 @@ struct Scratch {
 };
 
 template <typename T, int VEC>
-cudaError_t reduce(const uint32_t* keys, const int32_t* pos, Dims d, const T* dy, T* dx,
-                   acc_t<T>* partial, cudaStream_t stream) {
+ffi::Error reduce(const char* op, cudaStream_t stream, Scratch& scratch, const View& w,
+                  const uint32_t* keys, const int32_t* pos, const T* dy, T* dx) {
+  Dims d{w.n, w.v, w.inner / VEC, w.outer * (w.inner / VEC), piece_size(w.n, w.v), 0};
+  d.chunks = ceil_div(w.n, d.piece);
   const int threads = int(d.cols >= kThreads ? kThreads : ceil_div(d.cols, 32) * 32);
-  const dim3 grid(unsigned(ceil_div(d.n, kChunk)),
-                  unsigned(ceil_div(d.cols, threads) < 65535 ? ceil_div(d.cols, threads) : 65535));
-  chunk_sum<T, VEC><<<grid, threads, 0, stream>>>(keys, pos, d, dy, dx, partial);
-  combine<T, VEC><<<grid, threads, 0, stream>>>(keys, d, partial, dx);
-  return cudaGetLastError();
+  const int64_t col_blocks = ceil_div(d.cols, threads) < 65535 ? ceil_div(d.cols, threads) : 65535;
+  const int64_t ncounters = d.chunks * col_blocks;
+  auto* row_start = scratch.get<int32_t>((w.v + 1) * sizeof(int32_t));
+  auto* counters = scratch.get<int32_t>(ncounters * sizeof(int32_t));
+  // one slot per chunk (it starts at most one piece)
+  auto* partial = scratch.get<acc_t<T>>(d.chunks * w.outer * w.inner * sizeof(acc_t<T>));
+  if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                                        std::string(op) + ": out of scratch memory");
+  const int64_t bound_items = w.v + 1 > ncounters ? w.v + 1 : ncounters;
+  const int64_t bound_blocks = ceil_div(bound_items, 256) < 8192 ? ceil_div(bound_items, 256) : 8192;
+  row_bounds<<<unsigned(bound_blocks), 256, 0, stream>>>(keys, int(w.n), w.v, row_start, counters,
+                                                         ncounters);
+  const dim3 grid(unsigned(d.chunks + ceil_div(w.v, kZeroRows)), unsigned(col_blocks));
+  segment_sum<T, VEC><<<grid, threads, 0, stream>>>(keys, pos, row_start, d, dy, dx, partial,
+                                                    counters);
+  return cuda_error(op, cudaGetLastError());
 }
 
 template <typename T, typename I>
@@ -213,35 +323,31 @@ ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View
   constexpr int kVec = 16 / sizeof(T);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = w.inner % kVec == 0 && aligned(dy) && aligned(dx);
-  const int width = vec ? kVec : 1;
-  const Dims d{w.n, w.v, w.inner / width, w.outer * (w.inner / width)};
-  const int64_t chunks = ceil_div(w.n, kChunk);
 
-  auto* keys_in = scratch.get<uint32_t>(w.n * sizeof(uint32_t));
-  auto* keys = scratch.get<uint32_t>(w.n * sizeof(uint32_t));
-  auto* pos_in = scratch.get<int32_t>(w.n * sizeof(int32_t));
-  auto* pos = scratch.get<int32_t>(w.n * sizeof(int32_t));
-  auto* partial = scratch.get<acc_t<T>>(chunks * 2 * w.outer * w.inner * sizeof(acc_t<T>));
+  // key and position buffers, two of each: the sort ping-pongs between them
+  cub::DoubleBuffer<uint32_t> keys(scratch.get<uint32_t>(w.n * sizeof(uint32_t)),
+                                   scratch.get<uint32_t>(w.n * sizeof(uint32_t)));
+  cub::DoubleBuffer<int32_t> pos(scratch.get<int32_t>(w.n * sizeof(int32_t)),
+                                 scratch.get<int32_t>(w.n * sizeof(int32_t)));
   if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                                         std::string(op) + ": out of scratch memory");
 
   const int64_t key_blocks = ceil_div(w.n, 256) < 4096 ? ceil_div(w.n, 256) : 4096;
-  make_keys<I><<<unsigned(key_blocks), 256, 0, stream>>>(idx, w.n, w.v, keys_in, pos_in);
+  make_keys<I><<<unsigned(key_blocks), 256, 0, stream>>>(idx, w.n, w.v, keys.Current(),
+                                                         pos.Current());
   int end_bit = 1;  // bits that hold every key, V included
   while (end_bit < 32 && (uint64_t(1) << end_bit) <= uint64_t(w.v)) ++end_bit;
   size_t temp_bytes = 0;
-  cudaError_t err = cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys, pos_in,
-                                                    pos, int(w.n), 0, end_bit, stream);
+  cudaError_t err = Sort::Dispatch(nullptr, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit,
+                                   true, stream);
   void* temp = scratch.get<void>(temp_bytes);
   if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                                         std::string(op) + ": out of scratch memory");
   if (err == cudaSuccess)
-    err = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, pos_in, pos, int(w.n),
-                                          0, end_bit, stream);
-  if (err == cudaSuccess)
-    err = vec ? reduce<T, kVec>(keys, pos, d, dy, dx, partial, stream)
-              : reduce<T, 1>(keys, pos, d, dy, dx, partial, stream);
-  return cuda_error(op, err);
+    err = Sort::Dispatch(temp, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit, true, stream);
+  if (err != cudaSuccess) return cuda_error(op, err);
+  return vec ? reduce<T, kVec>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx)
+             : reduce<T, 1>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx);
 }
 
 ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
@@ -255,9 +361,8 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
   return checked_dispatch(op, err, dy.element_type(), [&](auto tag) {
     using T = decltype(tag);
     if (dx->element_count() == 0) return ffi::Error::Success();
-    cudaError_t e = cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream);
-    if (e != cudaSuccess) return cuda_error(op, e);
-    if (w.n == 0 || w.outer * w.inner == 0) return ffi::Error::Success();
+    if (w.n == 0)  // no index: dX = 0 (otherwise every row is written once below)
+      return cuda_error(op, cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream));
     Scratch scratch{alloc};
     if (indices.element_type() == ffi::DataType::S32)
       return run<T>(op, stream, scratch, w, indices.reinterpret_data<int32_t>(),

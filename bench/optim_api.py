@@ -2,7 +2,8 @@
 users call it, each in two modes:
 
   loop      STEPS steps inside one jitted call (an optimization barrier between steps, as a
-            training step's forward and backward would be), buffers donated;
+            training step's forward and backward would be), buffers donated, in bursts of
+            calls with one sync at the end;
   per call  one jitted call per step, donated, in bursts of calls with one sync at the end:
             the host's dispatch of the call's buffers is paid every step.
 
@@ -65,12 +66,14 @@ def _optax_like(tx, path, w, g, m1, m2, calls):
         jitted = jax.jit(fn, donate_argnums=(0, 1))
         holder = [_fresh(w), _with_moments(tx.init(w), m1, m2)]
 
+        n_calls = calls // per  # a loop's calls in a burst too: its dispatch overlaps the GPU
+
         def burst():
-            for _ in range(calls if per == 1 else 1):
+            for _ in range(n_calls):
                 holder[:] = jitted(*holder, g)
             return holder
 
-        out[mode] = _timed(burst, jax.block_until_ready, calls if per == 1 else STEPS)
+        out[mode] = _timed(burst, jax.block_until_ready, n_calls * per)
         holder.clear()  # frees the buffers before the next path
     return out
 
@@ -118,9 +121,10 @@ def _ort_api(w, g, m1, m2, calls, lr):
     holder = [PackedState.pack(state().train_state, names).replace(step=jnp.int32(0))]
 
     def loop_burst():
-        holder[0] = jitted(holder[0], np.float32(lr))
+        for _ in range(calls // STEPS):
+            holder[0] = jitted(holder[0], np.float32(lr))
         return holder[0]
-    out["loop"] = _timed(loop_burst, jax.block_until_ready, STEPS)
+    out["loop"] = _timed(loop_burst, jax.block_until_ready, calls // STEPS * STEPS)
     holder.clear()
 
     by_name = jax.jit(core.update, donate_argnums=0)

@@ -44,7 +44,7 @@ constexpr int kUnroll = 8;      // dY rows loaded before they are summed: loads 
 constexpr int kThreads = 128;   // threads per block, one 16-byte column vector each
 constexpr int kMinPiece = 32;   // P's range (powers of two)
 constexpr int kMaxPiece = 256;
-constexpr int kZeroRows = 32;   // rows per zero-row block
+constexpr int kZeroRows = 8;    // rows per zero-row block
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -1,5 +1,5 @@
-"""Convolution gradients (com.microsoft ConvGrad, ConvTransposeGrad) as XLA convolutions
-(no hand-written GEMMs).
+"""Convolution gradients (com.microsoft ConvGrad, ConvTransposeGrad) as XLA code (no
+hand-written kernels), and conv_general, the convolution the importer's Conv uses too.
 
 ConvGrad(dY, X, W) and ConvTransposeGrad(dY, X, W) carry the forward op's attributes
 (auto_pad, dilations, group, kernel_shape, pads, strides; ConvTranspose adds output_padding
@@ -7,15 +7,21 @@ and output_shape), for 1-D, 2-D and 3-D convolutions (NC... layout, W as ONNX la
 Their three outputs (dX, dW, dB) are all optional in ORT: the keyword `outputs` (one bool
 per output, ORT order, default all True) says which are wanted; an unwanted output is
 returned as None and never computed. dX and dW are the transposes of the forward
-convolution (`jax.linear_transpose`), so XLA emits exactly its own convolution-backward
-convolutions; dB = sum of dY over batch and spatial dims. f16/bf16 convolve with f32
-accumulation and are rounded once.
+convolution (`jax.linear_transpose`): on a GPU XLA's own convolution-backward convolutions;
+lowered for the CPU, where XLA's grouped convolutions and its filter gradients are slow,
+grouped convolutions and the filter gradient of dense ones with small patches are
+transposes of windowed_conv (slices and matmuls) instead. dB = sum of dY over batch and
+spatial dims. f16/bf16 convolve with f32 accumulation and are rounded once.
 
 Being XLA code, both ops support jit, vmap, gradients of any order and sharding (a
 batch-sharded dY/X gives dW and dB by an all-reduce, never an all-gather) with no extra rules,
 except that XLA's SPMD partitioner all-gathers a batch-sharded operand of a grouped
-convolution (group > 1; jax 0.12, as for a plain lax.conv_general_dilated forward).
+convolution on a GPU (group > 1; jax 0.12, as for a plain lax.conv_general_dilated forward).
 """
+import functools
+import itertools
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -88,22 +94,96 @@ def _dimension_numbers(n):
     return "NC" + sp, "OI" + sp, "NC" + sp
 
 
-def _conv(x, w, attrs, padding, *, lhs_dilation=None):
+def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, precision=None):
+    """lax.conv_general_dilated of x [N, C, ...] and w [O, C / group, k...] (ONNX layouts) as a
+    sum over the kernel window of strided slices of the padded (lhs-dilated) input: a
+    depthwise convolution (C / group == 1) as elementwise multiply-adds, any other as one
+    batched matmul (batch: the groups) over the stacked slices (im2col). The same sums in
+    another order (f16/bf16 in f32, rounded once); jax derives the gradients from it (pads,
+    slices and matmuls, no convolution).
+
+    XLA:CPU runs a grouped convolution, and far worse its transposes, through a slow generic
+    loop; this runs 1.5-200x faster there (conv_general chooses it on the CPU only)."""
+    n, dtype = x.ndim - 2, x.dtype
+    acc = rules.compute_dtype(dtype)
+    x, w = x.astype(acc), w.astype(acc)
+    lhs_dilation = tuple(lhs_dilation or (1,) * n)
+    xp = lax.pad(x, jnp.zeros((), acc),
+                 [(0, 0, 0)] * 2 + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)])
+    kernel = w.shape[2:]
+    out = _out_sizes(xp.shape[2:], kernel, strides, dilations)
+    windows = []
+    for ks in itertools.product(*map(range, kernel)):
+        start = [0, 0] + [k * d for k, d in zip(ks, dilations)]
+        limit = [*xp.shape[:2], *(b + (o - 1) * s + 1 for b, o, s in zip(start[2:], out, strides))]
+        windows.append(lax.slice(xp, start, limit, (1, 1, *strides)))
+    n_batch, c_out = x.shape[0], w.shape[0]
+    c_group, o_group = x.shape[1] // group, c_out // group
+    w = w.reshape(c_out, c_group, len(windows))
+    if c_group == 1:  # depthwise (o_group: the channel multiplier)
+        terms = (jnp.repeat(win, o_group, axis=1) * w[:, 0, k].reshape((c_out,) + (1,) * n)
+                 for k, win in enumerate(windows))
+        y = functools.reduce(jnp.add, terms)
+    else:
+        # [N, G, C/G * K, pixels] . [G, O/G, C/G * K] -> [G, N, pixels, O/G]
+        patches = jnp.stack(windows, axis=2).reshape(n_batch, group, c_group * len(windows), -1)
+        y = lax.dot_general(patches, w.reshape(group, o_group, -1), (((2,), (2,)), ((1,), (0,))),
+                            precision=precision)
+        y = jnp.transpose(y, (1, 0, 3, 2)).reshape(n_batch, c_out, *out)
+    return y.astype(dtype)
+
+
+def _out_sizes(padded, kernel, strides, dilations):
+    return [(p - (k - 1) * d - 1) // s + 1 for p, k, s, d in zip(padded, kernel, strides, dilations)]
+
+
+# Above this many bytes of im2col patches a dense convolution's filter gradient stays XLA's:
+# XLA:CPU's is 1.4-7x slower than the matmul at ResNet-like sizes below it (batch 2, 16-64
+# channels, 8-128 pixels square), level at batch 8, 64 channels of 56x56 (12.0 vs 13.7 ms,
+# 58 MB of patches; measured 2026-11-24, one core)
+_DENSE_PATCH_BYTES = 32 << 20
+
+
+def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
+                 precision=lax.Precision.HIGHEST, dense=False):
+    """lax.conv_general_dilated in ONNX layouts (NC..., OI...): XLA's convolution, except that
+    a grouped one lowered for the CPU is windowed_conv there, and with `dense` (a function
+    transposed for the filter gradient) a dense one too, if its patches are small enough."""
+    n = x.ndim - 2
+
+    def xla(x, w):
+        return lax.conv_general_dilated(
+            x, w, window_strides=strides, padding=padding, lhs_dilation=lhs_dilation,
+            rhs_dilation=dilations, dimension_numbers=_dimension_numbers(n),
+            feature_group_count=group, precision=precision)
+
+    padded = [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi)
+              in zip(x.shape[2:], lhs_dilation or (1,) * n, padding)]
+    out = _out_sizes(padded, w.shape[2:], strides, dilations)
+    patch_bytes = x.shape[0] * x.shape[1] * math.prod(w.shape[2:]) * math.prod(out)
+    patch_bytes *= jnp.dtype(x.dtype).itemsize
+    if min(out) < 1 or (group == 1 and (not dense or patch_bytes > _DENSE_PATCH_BYTES)):
+        return xla(x, w)
+    # the platform is chosen when lowering: the compiler never sees a conditional
+    return lax.platform_dependent(
+        x, w, cpu=lambda x, w: windowed_conv(x, w, strides, padding, dilations, group,
+                                             lhs_dilation, precision), default=xla)
+
+
+def _conv(x, w, attrs, padding, *, lhs_dilation=None, dense=False):
     """The forward convolution in x's dtype, accumulating f16/bf16 in f32. (The operands are
     cast up rather than given preferred_element_type: jax 0.8 cannot transpose that.)"""
     dtype = x.dtype
     acc = rules.compute_dtype(dtype)
-    y = lax.conv_general_dilated(
-        x.astype(acc), w.astype(acc),
-        window_strides=attrs.strides if lhs_dilation is None else (1,) * attrs.n,
-        padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=attrs.dilations,
-        dimension_numbers=_dimension_numbers(attrs.n), feature_group_count=attrs.group,
-        precision=lax.Precision.HIGHEST)
+    y = conv_general(x.astype(acc), w.astype(acc),
+                     attrs.strides if lhs_dilation is None else (1,) * attrs.n, padding,
+                     attrs.dilations, attrs.group, lhs_dilation, dense=dense)
     return y.astype(dtype)
 
 
 def _grads(dY, X, W, forward, wanted):
-    """(dX, dW, dB) of y = forward(X, W), each only if wanted."""
+    """(dX, dW, dB) of y = forward(X, W), each only if wanted; dW transposes
+    forward(X, w, filter_grad=True) (the same function, maybe computed otherwise)."""
     want_x, want_w, want_b = wanted
     # inside shard_map, transposing needs dY typed as varying over every mesh axis the
     # forward's output varies over (and the operands over dY's)
@@ -113,7 +193,7 @@ def _grads(dY, X, W, forward, wanted):
     if want_x:
         (dX,) = jax.linear_transpose(lambda x: forward(x, W), X)(dY)
     if want_w:
-        (dW,) = jax.linear_transpose(lambda w: forward(X, w), W)(dY)
+        (dW,) = jax.linear_transpose(lambda w: forward(X, w, filter_grad=True), W)(dY)
     if want_b:
         acc = rules.compute_dtype(dY.dtype)
         axes = (0,) + tuple(range(2, dY.ndim))
@@ -144,7 +224,7 @@ def _conv_transpose_fn(attrs, crops, adj):
     n, g = attrs.n, attrs.group
     padding = [(e - 1 - b, e - 1 - t + a) for e, (b, t), a in zip(attrs.effective, crops, adj)]
 
-    def forward(x, w):
+    def forward(x, w, filter_grad=False):
         c_in, c_out_g = w.shape[0], w.shape[1]
         k = w.reshape(g, c_in // g, c_out_g, *w.shape[2:])
         k = jnp.swapaxes(k, 1, 2).reshape(g * c_out_g, c_in // g, *w.shape[2:])
@@ -158,7 +238,7 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
     attrs = _Attrs(X, W, auto_pad=auto_pad, dilations=dilations, group=group,
                    kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
     padding = attrs.conv_padding(X.shape[2:])
-    return lambda x, w: _conv(x, w, attrs, padding)
+    return lambda x, w, filter_grad=False: _conv(x, w, attrs, padding, dense=filter_grad)
 
 
 def _conv_transpose_forward(X, W, auto_pad, dilations, group, kernel_shape, output_padding,

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxops._src import geometry
+from jaxops.ops.conv import conv_general
 
 from ..registry import handler
 
@@ -26,9 +27,9 @@ def conv(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
     padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
-    y = lax.conv_general_dilated(
-        x, w.astype(x.dtype), strides, padding, rhs_dilation=dilations,
-        dimension_numbers=_dims(nd), feature_group_count=group)
+    _dims(nd)  # rank check
+    # grouped and depthwise: a formulation that XLA:CPU runs well, on the CPU only
+    y = conv_general(x, w.astype(x.dtype), strides, padding, dilations, group, precision=None)
     if b is not None:
         y = y + b.reshape((-1,) + (1,) * nd)
     return y
@@ -55,9 +56,9 @@ def conv_transpose(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, grou
     k = jnp.swapaxes(k, 1, 2).reshape((group * cout_g, cin // group) + w.shape[2:])
     k = jnp.flip(k, axis=tuple(range(2, 2 + nd)))
     padding = [(f - 1 - lo, f - 1 - hi + a) for f, (lo, hi), a in zip(spans, crops, out_pad)]
-    y = lax.conv_general_dilated(
-        x, k.astype(x.dtype), [1] * nd, padding, lhs_dilation=strides, rhs_dilation=dilations,
-        dimension_numbers=_dims(nd), feature_group_count=group)
+    _dims(nd)  # rank check
+    y = conv_general(x, k.astype(x.dtype), [1] * nd, padding, dilations, group,
+                     lhs_dilation=strides, precision=None)
     if b is not None:
         y = y + b.reshape((-1,) + (1,) * nd)
     return y
@@ -104,8 +105,8 @@ def causal_conv_with_state(ctx, x, weight, bias=None, past_state=None, *, activa
     k = weight.shape[2]
     pad = jnp.zeros((b, c, k - 1), x.dtype) if past_state is None else jnp.asarray(past_state)
     padded = jnp.concatenate([pad, jnp.asarray(x)], axis=2)
-    y = lax.conv_general_dilated(padded, jnp.asarray(weight).astype(x.dtype), [1], [(0, 0)],
-                                 dimension_numbers=_dims(1), feature_group_count=c)
+    y = conv_general(padded, jnp.asarray(weight).astype(x.dtype), [1], [(0, 0)], [1], c,
+                     precision=None)
     if bias is not None:
         y = y + bias.reshape(-1, 1)
     if activation in ("silu", "swish"):

@@ -1,0 +1,298 @@
+"""CPU speed of the real-model corpus: jaxops against ONNX Runtime's training API.
+
+    python -m bench.cpu_corpus [--models resnet_ts,regnet_dynamo] [--threads 1,all] [--reps N]
+                               [--xla-conv] [--out PATH.json]
+
+For each export of tests/data/corpus (tools/make_corpus.py's small configurations, batch 2):
+
+  train    one training step as a migrated ORT script runs it: module(*inputs);
+           optimizer.step(); module.lazy_reset_grad(). jaxops: jaxops.onnx.training's
+           Module/Optimizer (jitted, state donated), synced on the new state; ORT:
+           onnxruntime-training's Module/Optimizer (the pybind layer: onnxruntime.training.api
+           itself imports torch) on CPU. Only exports that ORT 1.19.2 can train.
+  forward  the eval model (jaxops Module.eval() vs ORT's eval_step); for the exports ORT cannot
+           train (forward_only in the manifest), forward.onnx: jax.jit of jaxops.onnx.load's
+           program vs an InferenceSession.
+
+Times are medians of --reps calls after warm-up, jaxops and ORT interleaved call by call in one
+process (this machine's load moves both alike). Each thread setting runs in its own subprocess:
+
+  1    the worker process bound to one core (sched_setaffinity, before jax or ORT is
+       imported: whatever threads either starts share that core) and ORT's
+       intra_op_num_threads = inter_op_num_threads = 1. XLA_FLAGS do not do it: with
+       --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 jax 0.12 still ran
+       a 2048x2048 matmul, a conv and an elementwise op at 1.8-2.0 CPU seconds per wall
+       second on 2 cores (measured 2026-11-24), bound to one core at 1.0.
+  all  both libraries' defaults (every core the process may use).
+The table's cpu/wall columns (CPU time of the process per wall second while timing each side)
+show the threading each side really had.
+
+--xla-conv times jaxops with every convolution as XLA's own (what it did before
+ops.conv.windowed_conv): the before/after of that change.
+
+The corpus models are tiny (widths 16-64, 32x32 images (ResNet 128x128), batch 2): their steps
+take 0.4-20 ms, which is what a user meets with these files, not what full-size models cost;
+at these sizes jaxops' per-call host work (two jitted calls a step, each passing the whole
+state) is a large part of its time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus"
+
+
+def cases(quick):  # noqa: ARG001 (python -m bench's family protocol: not a harness family)
+    return []
+
+
+def _manifest():
+    return json.loads((CORPUS / "manifest.json").read_text())["entries"]
+
+
+def _ort():
+    """onnxruntime-training's pybind layer, or None (with the reason printed)."""
+    try:
+        import onnxruntime.capi._pybind_state as capi
+    except ImportError as e:
+        print(f"onnxruntime is not importable ({e}): skipping")
+        return None
+    if not hasattr(capi, "Module"):
+        print("onnxruntime without training support: skipping")
+        return None
+    capi.set_default_logger_severity(3)
+    return capi
+
+
+def _timed(fns, reps):
+    """Median seconds of each fn, called in turn reps times (interleaved), and the CPU time
+    each used per wall second (about 1 when pinned to one thread)."""
+    times, cpu = [[] for _ in fns], [0.0 for _ in fns]
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t0)
+            cpu[i] += time.process_time() - c0
+    return [statistics.median(t) for t in times], [c / sum(t) for c, t in zip(cpu, times)]
+
+
+def _inputs(name):
+    import numpy as np
+    ref = json.loads((CORPUS / name / "reference.json").read_text())
+    data = np.load(CORPUS / name / "reference.npz")
+    names = list(ref["inputs"])
+    if ref.get("forward_only"):
+        return ref, [data[f"in_{n}"][0] for n in names], None
+    return ref, [data[f"in_{n}"][0] for n in names], names
+
+
+def _session_options(ort, threads):
+    opts = ort.SessionOptions()
+    if threads == 1:
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+    return opts
+
+
+def _trained(name, threads, reps, ort):
+    """{train: (jaxops s, ORT s), forward: (jaxops s, ORT s)} of an export ORT trains."""
+    import jax
+    import numpy as np
+
+    from jaxops.onnx.training import CheckpointState, Module, Optimizer
+    d = CORPUS / name
+    ref, inputs, _ = _inputs(name)
+    state = CheckpointState.load_checkpoint(d / "checkpoint")
+    module = Module(str(d / "training_model.onnx"), state, str(d / "eval_model.onnx"), "cpu")
+    optimizer = Optimizer(str(d / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(ref["lr"])
+
+    device = ort.OrtDevice(ort.OrtDevice.cpu(), ort.OrtDevice.default_memory(), 0)
+    opts = _session_options(ort, threads)
+    ort_state = ort.load_checkpoint(str(d / "checkpoint"))
+    ort_module = ort.Module(str(d / "training_model.onnx"), ort_state, str(d / "eval_model.onnx"),
+                            device, opts)
+    ort_opt = ort.Optimizer(str(d / "optimizer_model.onnx"), ort_state, device, opts)
+    ort_opt.set_learning_rate(ref["lr"])
+
+    def ours():
+        module(*inputs)
+        optimizer.step()
+        module.lazy_reset_grad()
+        state.block_until_ready()  # without unpacking the packed buffers
+
+    def theirs():
+        out = ort.OrtValueVector()
+        ort_module.train_step([np.array(x) for x in inputs], out)  # ORT may write its inputs
+        ort_opt.optimizer_step()
+        ort_module.lazy_reset_grad()
+
+    for _ in range(3):
+        ours()
+        theirs()
+    train = _timed([ours, theirs], reps)
+
+    module.eval()
+    eval_inputs = inputs[:len(module.input_names())]
+
+    def ours_eval():
+        jax.block_until_ready(module(*eval_inputs))
+
+    def theirs_eval():
+        out = ort.OrtValueVector()
+        ort_module.eval_step([np.array(x) for x in eval_inputs], out)
+
+    for _ in range(3):
+        ours_eval()
+        theirs_eval()
+    return {"train": train, "forward": _timed([ours_eval, theirs_eval], reps)}
+
+
+def _forward_only(name, threads, reps, ort):
+    """{forward: (jaxops s, ORT s)} of forward.onnx (an export ORT cannot train)."""
+    import jax
+
+    from jaxops.onnx import load
+    path = CORPUS / name / "forward.onnx"
+    _, inputs, _ = _inputs(name)
+    program = load(str(path))
+    run = jax.jit(program.run)
+    import onnxruntime
+    sess = onnxruntime.InferenceSession(str(path), _session_options(onnxruntime, threads),
+                                        providers=["CPUExecutionProvider"])
+    feed = dict(zip([i.name for i in sess.get_inputs()], inputs))
+
+    def ours():
+        jax.block_until_ready(run(program.params, *inputs))
+
+    def theirs():
+        sess.run(None, feed)
+
+    for _ in range(3):
+        ours()
+        theirs()
+    return {"forward": _timed([ours, theirs], reps)}
+
+
+def _xla_convolutions_only():
+    """Every convolution as XLA's own (lax.conv_general_dilated), also grouped ones on the
+    CPU: jaxops before ops.conv.windowed_conv, for comparison."""
+    from jax import lax
+
+    from jaxops.onnx.handlers import conv as handlers
+    from jaxops.ops import conv
+
+    def xla(x, w, strides, padding, dilations, group, lhs_dilation=None,
+            precision=lax.Precision.HIGHEST, dense=False):
+        sp = "DHW"[-(x.ndim - 2):]
+        return lax.conv_general_dilated(
+            x, w, strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=dilations,
+            dimension_numbers=("NC" + sp, "OI" + sp, "NC" + sp), feature_group_count=group,
+            precision=precision)
+    conv.conv_general = handlers.conv_general = xla
+
+
+def _worker(models, threads, reps, xla_conv):
+    """Runs in the subprocess of one thread setting: one JSON line per model."""
+    if xla_conv:
+        _xla_convolutions_only()
+    import warnings
+    warnings.filterwarnings("ignore", message=".*int64.*")  # int64 graph inputs without x64
+    ort = _ort()
+    if ort is None:
+        return
+    manifest = _manifest()
+    for name in models:
+        try:
+            if manifest[name]["status"] == "ok":
+                row = _trained(name, threads, reps, ort)
+            else:
+                row = _forward_only(name, threads, reps, ort)
+        except Exception as e:  # noqa: BLE001 (reported in the table)
+            row = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+        print(json.dumps({"model": name, "threads": threads, **row}), flush=True)
+
+
+def _run(models, threads, reps, xla_conv):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if threads == 1:
+        env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "bench.cpu_corpus", "--worker", "--threads", str(threads),
+           "--reps", str(reps), "--models", ",".join(models)] + ["--xla-conv"] * xla_conv
+    root = Path(__file__).resolve().parent.parent
+    rows = []
+    with subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, text=True) as p:
+        for line in p.stdout:
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+                _print_row(rows[-1])
+            else:
+                print(line, end="")
+    return rows
+
+
+def _print_row(r):
+    label = f"{r['model']:<20} {str(r['threads']):>3}"
+    if "error" in r:
+        print(f"{label}  error: {r['error']}", flush=True)
+        return
+    for kind in ("train", "forward"):
+        if kind in r:
+            (ours, theirs), (c_ours, c_theirs) = r[kind]
+            print(f"{label}  {kind:<7} {1e3 * ours:9.2f} {1e3 * theirs:9.2f} "
+                  f"{ours / theirs:6.2f}   {c_ours:4.2f} {c_theirs:4.2f}", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.cpu_corpus", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", help="comma list of corpus exports (default: every one that "
+                   "ORT trains, then the forward-only ones)")
+    p.add_argument("--threads", default="1,all", help="comma list of 1 and/or all")
+    p.add_argument("--reps", type=int, default=15, help="timed calls per implementation")
+    p.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    p.add_argument("--xla-conv", action="store_true", help="every convolution as XLA's own, "
+                   "grouped ones on the CPU too (jaxops before ops.conv.windowed_conv)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    manifest = _manifest()
+    runnable = {k for k, v in manifest.items() if v["status"] in ("ok", "forward_only")
+                and ((CORPUS / k / "forward.onnx").exists() or v["status"] == "ok")}
+    if args.models:
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        unknown = [m for m in models if m not in runnable]
+        if unknown:
+            p.error(f"not runnable corpus exports: {unknown} (have {sorted(runnable)})")
+    else:
+        models = sorted(runnable, key=lambda k: (manifest[k]["status"] != "ok", k))
+    threads = [t.strip() for t in args.threads.split(",")]
+    if any(t not in ("1", "all") for t in threads):
+        p.error("--threads takes 1 and/or all")
+    threads = [1 if t == "1" else "all" for t in threads]
+    if args.worker:
+        if threads[0] == 1:  # before jax and ORT make their thread pools
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        _worker(models, threads[0], args.reps, args.xla_conv)
+        return 0
+    if _ort() is None:
+        return 0
+    print(f"{'model':<20} {'thr':>3}  {'step':<7} {'jaxops':>9} {'ORT':>9} {'ratio':>6}   "
+          "cpu/wall (jaxops ORT)   ms: medians, ratio: jaxops / ORT")
+    rows = []
+    for t in threads:
+        rows += _run(models, t, args.reps, args.xla_conv)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

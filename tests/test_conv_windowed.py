@@ -1,0 +1,118 @@
+"""ops.conv.windowed_conv, the grouped/depthwise convolution that jaxops runs on the CPU (ConvGrad,
+ConvTransposeGrad, the importer's Conv/ConvTranspose): the same values and gradients as
+lax.conv_general_dilated, under jit and vmap; chosen when lowering for the CPU only."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.test_util import check_grads
+
+from jaxops import ops
+from jaxops.ops.conv import conv_general, windowed_conv
+
+# (x shape, w shape, strides, padding, dilations, group, lhs_dilation)
+CASES = [
+    ((2, 6, 9), (6, 1, 3), (2,), [(1, 2)], (2,), 6, None),                # depthwise 1-D
+    ((2, 4, 7, 6), (8, 1, 3, 3), (2, 1), [(1, 1), (0, 2)], (1, 2), 4, None),  # multiplier 2
+    ((1, 6, 7, 6), (4, 3, 3, 2), (1, 2), [(2, 0), (1, 1)], (2, 1), 2, None),  # grouped
+    ((2, 6, 5, 6), (6, 2, 2, 3), (1, 1), [(1, 1), (2, 1)], (1, 1), 3, (2, 3)),  # lhs-dilated
+    ((1, 4, 5, 6), (4, 1, 3, 3), (1, 2), [(-1, 2), (2, -2)], (2, 1), 4, (2, 1)),  # crops
+    ((1, 4, 4, 5, 3), (4, 1, 2, 3, 2), (2, 1, 1), [(1, 0), (0, 1), (1, 1)], (1, 1, 2), 4, None),
+    ((1, 4, 4, 5, 3), (6, 2, 2, 2, 2), (1, 2, 1), [(0, 0)] * 3, (1, 1, 1), 2, None),
+    ((2, 3, 6, 7), (4, 3, 3, 2), (2, 2), [(1, 0), (2, 1)], (1, 1), 1, None),  # dense
+]
+IDS = [f"{len(c[0]) - 2}d-g{c[5]}-{'ld' if c[6] else 'x'}" for c in CASES]
+
+
+def xla_conv(x, w, strides, padding, dilations, group, lhs_dilation):
+    sp = "DHW"[-(x.ndim - 2):]
+    return lax.conv_general_dilated(
+        x, w, strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=dilations,
+        dimension_numbers=("NC" + sp, "OI" + sp, "NC" + sp), feature_group_count=group,
+        precision=lax.Precision.HIGHEST)
+
+
+def inputs(rng, case, dtype=jnp.float64):
+    xs, ws = case[:2]
+    return (jnp.asarray(rng.standard_normal(xs), dtype),
+            jnp.asarray(rng.standard_normal(ws), dtype))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-6), (jnp.float64, 1e-13)],
+                         ids=["f32", "f64"])
+def test_values_and_gradients_match_xla(rng, case, dtype, tol):
+    x, w = inputs(rng, case, dtype)
+    ours = lambda x, w: windowed_conv(x, w, *case[2:])
+    theirs = lambda x, w: xla_conv(x, w, *case[2:])
+    y, vjp = jax.vjp(ours, x, w)
+    want, want_vjp = jax.vjp(theirs, x, w)
+    assert y.shape == want.shape and y.dtype == want.dtype
+    scale = float(jnp.abs(want).max())
+    np.testing.assert_allclose(y, want, rtol=tol, atol=tol * scale)
+    dy = jnp.asarray(rng.standard_normal(y.shape), dtype)
+    for got, exp in zip(vjp(dy), want_vjp(dy)):  # dX, dW: jax's transposes of each
+        np.testing.assert_allclose(got, exp, rtol=tol, atol=tol * float(jnp.abs(exp).max()))
+
+
+@pytest.mark.parametrize("case", [CASES[i] for i in (1, 3, 5)], ids=[IDS[i] for i in (1, 3, 5)])
+def test_jit_vmap_and_second_order(rng, case):
+    f = lambda x, w: windowed_conv(x, w, *case[2:])
+    g = lambda x, w: xla_conv(x, w, *case[2:])
+    (x0, w0), (x1, w1) = inputs(rng, case), inputs(rng, case)
+    np.testing.assert_allclose(jax.jit(f)(x0, w0), g(x0, w0), rtol=1e-12, atol=1e-12)
+    x, w = jnp.stack([x0, x1]), jnp.stack([w0, w1])
+    for in_axes in [(0, 0), (0, None), (None, 0)]:
+        got = jax.jit(jax.vmap(f, in_axes))(x if in_axes[0] == 0 else x0,
+                                            w if in_axes[1] == 0 else w0)
+        for k in range(2):
+            want = g(x[k] if in_axes[0] == 0 else x0, w[k] if in_axes[1] == 0 else w0)
+            np.testing.assert_allclose(got[k], want, rtol=1e-12, atol=1e-12)
+    check_grads(f, (x0, w0), order=2, modes=("rev", "fwd"))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_reduced_precision_rounds_once(rng, dtype):
+    case = CASES[2]
+    x, w = inputs(rng, case, dtype)
+    got = windowed_conv(x, w, *case[2:])
+    want = xla_conv(x.astype(jnp.float32), w.astype(jnp.float32), *case[2:]).astype(dtype)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=float(jnp.finfo(dtype).eps))
+
+
+def _lowered(platform, case):
+    x, w = inputs(np.random.default_rng(0), case, jnp.float32)
+    f = jax.jit(lambda x, w: conv_general(x, w, *case[2:]))
+    if platform == "compiled cpu":
+        return f.lower(x, w).compile().as_text()
+    return f.trace(x, w).lower(lowering_platforms=(platform,)).as_text()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_platform_choice(case):
+    """The CPU gets no XLA convolution for a grouped one (its transposes are the slow ones:
+    windowed_conv's docstring); CUDA keeps XLA's (cuDNN) and only it; a dense convolution
+    stays XLA's everywhere. The branch is picked when lowering: no conditional is compiled."""
+    grouped = case[5] > 1
+    assert ("convolution" in _lowered("cpu", case)) != grouped
+    cuda = _lowered("cuda", case)
+    assert "convolution" in cuda and "stablehlo.slice" not in cuda
+    assert "conditional" not in _lowered("compiled cpu", case)
+
+
+@pytest.mark.parametrize("xs,dense_dw", [((2, 3, 16, 16), True), ((1, 16, 256, 256), False)],
+                         ids=["small", "patches-over-32MiB"])
+def test_conv_grad_filter_gradient_on_the_cpu(xs, dense_dw):
+    """A dense ConvGrad's dW on the CPU is the windowed matmul while its patches are small (XLA's
+    backward-filter convolution is the slow one there), dX stays XLA's convolution."""
+    x = jax.ShapeDtypeStruct(xs, jnp.float32)
+    w = jax.ShapeDtypeStruct((4, xs[1], 3, 3), jnp.float32)
+    dy = jax.ShapeDtypeStruct((xs[0], 4, xs[2] - 2, xs[3] - 2), jnp.float32)
+
+    def lowered(outputs):
+        f = jax.jit(lambda *a: ops.conv_grad(*a, outputs=outputs))
+        return f.trace(dy, x, w).lower(lowering_platforms=("cpu",)).as_text()
+    assert ("convolution" in lowered((False, True, False))) != dense_dw
+    assert "convolution" in lowered((True, False, False))

@@ -79,9 +79,13 @@ def test_outputs_keyword(rng, name, op, forward, reference, xs, ws, attrs):
             assert (g is None) != want
             if want:
                 np.testing.assert_allclose(g, f, rtol=1e-5, atol=1e-5)
-    # only the wanted gradient is computed: dX alone is one convolution
+    # only the wanted gradient is computed: dX alone is one convolution (a grouped one also
+    # carries its CPU lowering, windowed_conv's transpose, as a platform branch: jax 0.8 keeps
+    # both branches in the jaxpr)
     jaxpr = str(jax.make_jaxpr(lambda *a: op(*a, outputs=(True, False, False), **attrs))(dy, x, w))
-    assert jaxpr.count("conv_general_dilated") == 1 and "reduce_sum" not in jaxpr
+    assert jaxpr.count("conv_general_dilated") == 1
+    if attrs.get("group", 1) == 1:
+        assert "reduce_sum" not in jaxpr
 
 
 # the transformation tests are slow on CPU (eager convolutions): one case per spatial rank.

@@ -102,11 +102,9 @@ def test_platform_choice(case):
     assert "conditional" not in _lowered("compiled cpu", case)
 
 
-@pytest.mark.parametrize("xs,dense_dw", [((2, 3, 16, 16), True), ((1, 16, 256, 256), False)],
-                         ids=["small", "patches-over-32MiB"])
-def test_conv_grad_filter_gradient_on_the_cpu(xs, dense_dw):
-    """A dense ConvGrad's dW on the CPU is the windowed matmul while its patches are small (XLA's
-    backward-filter convolution is the slow one there), dX stays XLA's convolution."""
+def test_dense_conv_grad_stays_xla_on_the_cpu():
+    """A dense ConvGrad is XLA's convolutions on the CPU too (conv_general's docstring)."""
+    xs = (2, 3, 16, 16)
     x = jax.ShapeDtypeStruct(xs, jnp.float32)
     w = jax.ShapeDtypeStruct((4, xs[1], 3, 3), jnp.float32)
     dy = jax.ShapeDtypeStruct((xs[0], 4, xs[2] - 2, xs[3] - 2), jnp.float32)
@@ -114,5 +112,5 @@ def test_conv_grad_filter_gradient_on_the_cpu(xs, dense_dw):
     def lowered(outputs):
         f = jax.jit(lambda *a: ops.conv_grad(*a, outputs=outputs))
         return f.trace(dy, x, w).lower(lowering_platforms=("cpu",)).as_text()
-    assert ("convolution" in lowered((False, True, False))) != dense_dw
+    assert "convolution" in lowered((False, True, False))
     assert "convolution" in lowered((True, False, False))

@@ -8,8 +8,7 @@ Their three outputs (dX, dW, dB) are all optional in ORT: the keyword `outputs` 
 per output, ORT order, default all True) says which are wanted; an unwanted output is
 returned as None and never computed. dX and dW are the transposes of the forward
 convolution (`jax.linear_transpose`): on a GPU XLA's own convolution-backward convolutions;
-lowered for the CPU, where XLA's grouped convolutions and its filter gradients are slow,
-grouped convolutions and the filter gradient of dense ones with small patches are
+lowered for the CPU, where XLA's grouped convolutions are slow, grouped convolutions are
 transposes of windowed_conv (slices and matmuls) instead. dB = sum of dY over batch and
 spatial dims. f16/bf16 convolve with f32 accumulation and are rounded once.
 
@@ -20,7 +19,6 @@ convolution on a GPU (group > 1; jax 0.12, as for a plain lax.conv_general_dilat
 """
 import functools
 import itertools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -137,18 +135,12 @@ def _out_sizes(padded, kernel, strides, dilations):
     return [(p - (k - 1) * d - 1) // s + 1 for p, k, s, d in zip(padded, kernel, strides, dilations)]
 
 
-# Above this many bytes of im2col patches a dense convolution's filter gradient stays XLA's:
-# XLA:CPU's is 1.4-7x slower than the matmul at ResNet-like sizes below it (batch 2, 16-64
-# channels, 8-128 pixels square), level at batch 8, 64 channels of 56x56 (12.0 vs 13.7 ms,
-# 58 MB of patches; measured 2026-11-24, one core)
-_DENSE_PATCH_BYTES = 32 << 20
-
-
 def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
-                 precision=lax.Precision.HIGHEST, dense=False):
+                 precision=lax.Precision.HIGHEST):
     """lax.conv_general_dilated in ONNX layouts (NC..., OI...): XLA's convolution, except that
-    a grouped one lowered for the CPU is windowed_conv there, and with `dense` (a function
-    transposed for the filter gradient) a dense one too, if its patches are small enough."""
+    a grouped one lowered for the CPU is windowed_conv there. (A dense one stays XLA's: its
+    windowed filter gradient, 1.4-7x faster at the corpus's sizes, summed in another order and
+    moved ResNet's 5-step losses 4e-5 off ORT's on jax 0.8.)"""
     n = x.ndim - 2
 
     def xla(x, w):
@@ -160,9 +152,7 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     padded = [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi)
               in zip(x.shape[2:], lhs_dilation or (1,) * n, padding)]
     out = _out_sizes(padded, w.shape[2:], strides, dilations)
-    patch_bytes = x.shape[0] * x.shape[1] * math.prod(w.shape[2:]) * math.prod(out)
-    patch_bytes *= jnp.dtype(x.dtype).itemsize
-    if min(out) < 1 or (group == 1 and (not dense or patch_bytes > _DENSE_PATCH_BYTES)):
+    if min(out) < 1 or group == 1:
         return xla(x, w)
     # the platform is chosen when lowering: the compiler never sees a conditional
     return lax.platform_dependent(
@@ -170,20 +160,19 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
                                              lhs_dilation, precision), default=xla)
 
 
-def _conv(x, w, attrs, padding, *, lhs_dilation=None, dense=False):
+def _conv(x, w, attrs, padding, *, lhs_dilation=None):
     """The forward convolution in x's dtype, accumulating f16/bf16 in f32. (The operands are
     cast up rather than given preferred_element_type: jax 0.8 cannot transpose that.)"""
     dtype = x.dtype
     acc = rules.compute_dtype(dtype)
     y = conv_general(x.astype(acc), w.astype(acc),
                      attrs.strides if lhs_dilation is None else (1,) * attrs.n, padding,
-                     attrs.dilations, attrs.group, lhs_dilation, dense=dense)
+                     attrs.dilations, attrs.group, lhs_dilation)
     return y.astype(dtype)
 
 
 def _grads(dY, X, W, forward, wanted):
-    """(dX, dW, dB) of y = forward(X, W), each only if wanted; dW transposes
-    forward(X, w, filter_grad=True) (the same function, maybe computed otherwise)."""
+    """(dX, dW, dB) of y = forward(X, W), each only if wanted."""
     want_x, want_w, want_b = wanted
     # inside shard_map, transposing needs dY typed as varying over every mesh axis the
     # forward's output varies over (and the operands over dY's)
@@ -193,7 +182,7 @@ def _grads(dY, X, W, forward, wanted):
     if want_x:
         (dX,) = jax.linear_transpose(lambda x: forward(x, W), X)(dY)
     if want_w:
-        (dW,) = jax.linear_transpose(lambda w: forward(X, w, filter_grad=True), W)(dY)
+        (dW,) = jax.linear_transpose(lambda w: forward(X, w), W)(dY)
     if want_b:
         acc = rules.compute_dtype(dY.dtype)
         axes = (0,) + tuple(range(2, dY.ndim))
@@ -224,7 +213,7 @@ def _conv_transpose_fn(attrs, crops, adj):
     n, g = attrs.n, attrs.group
     padding = [(e - 1 - b, e - 1 - t + a) for e, (b, t), a in zip(attrs.effective, crops, adj)]
 
-    def forward(x, w, filter_grad=False):
+    def forward(x, w):
         c_in, c_out_g = w.shape[0], w.shape[1]
         k = w.reshape(g, c_in // g, c_out_g, *w.shape[2:])
         k = jnp.swapaxes(k, 1, 2).reshape(g * c_out_g, c_in // g, *w.shape[2:])
@@ -238,7 +227,7 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
     attrs = _Attrs(X, W, auto_pad=auto_pad, dilations=dilations, group=group,
                    kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
     padding = attrs.conv_padding(X.shape[2:])
-    return lambda x, w, filter_grad=False: _conv(x, w, attrs, padding, dense=filter_grad)
+    return lambda x, w: _conv(x, w, attrs, padding)
 
 
 def _conv_transpose_forward(X, W, auto_pad, dilations, group, kernel_shape, output_padding,

@@ -82,6 +82,7 @@ def _ort_api(w, g, m1, m2, calls, lr):
     """The ORT-API mirror's Optimizer over a state holding the parameters: per call (packed),
     in a loop (packed), and the per-name update per call."""
     from jaxops.onnx import artifacts
+    from jaxops.onnx.checkpoint import Checkpoint
     from jaxops.onnx.packed import PackedState
     from jaxops.onnx.train_core import OptimizerModel, TrainState
     from jaxops.onnx.training import CheckpointState, Optimizer
@@ -95,8 +96,8 @@ def _ort_api(w, g, m1, m2, calls, lr):
                         grads=dict(zip(names, _fresh(g))),
                         moments={n: {"momentum0": jnp.copy(a), "momentum1": jnp.copy(b)}
                                  for n, a, b in zip(names, m1, m2)}, step=np.int64(0))
-        cs = CheckpointState.__new__(CheckpointState)
-        cs.train_state, cs.initial_learning_rate, cs._properties = ts, lr, {}
+        cs = CheckpointState(Checkpoint())
+        cs.train_state, cs.initial_learning_rate = ts, lr
         return cs
 
     cs = state()

@@ -550,8 +550,10 @@ class Program:
         values.update(zip(plan.input_names, list(inputs) + [None] * len(plan.input_names)))
         scope.host.update(plan.constants)
         scope.host.update(n for n, h in zip(plan.input_names, host_inputs) if h)
-        for step in plan.steps:
-            self._run_step(step, scope)
+        # mixed precision: the ops its policy measured faster as XLA's code run as such
+        with routed_to_xla(self._policy.xla if self._policy is not None else ()):
+            for step in plan.steps:
+                self._run_step(step, scope)
         if self._policy is None:
             return [values[n] for n in plan.output_names]
         # mixed precision: what the graph declares float32 leaves it float32 (a loop's carried
@@ -572,9 +574,6 @@ class Program:
                 _check_broadcast(ctx, args)
                 with jax.ensure_compile_time_eval(), jax.enable_x64(True):
                     out = _to_host(step.fn(ctx, *args, **step.attrs))
-            elif self._policy is not None:
-                with routed_to_xla(self._policy.xla):
-                    out = step.fn(ctx, *args, **step.attrs)
             else:
                 out = step.fn(ctx, *args, **step.attrs)
         except OnnxImportError:

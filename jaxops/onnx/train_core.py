@@ -21,6 +21,7 @@ construction.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -40,6 +41,7 @@ MOMENTS = ("momentum0", "momentum1")  # the checkpoint's names for AdamW's two m
 
 
 
+@functools.cache
 def _optimizers() -> dict:
     """The optimizer ops the training API runs: op_type -> the input index of each role (lr,
     step, params, grads, moments), from the specs' `roles` (the importer returns the new
@@ -348,17 +350,17 @@ class OptimizerModel:
         """One optimizer step at learning rate `lr` (a scalar) from the accumulated
         gradients: new parameters and moments, step + 1 (ORT's AdamW takes the 1-based step
         it is on)."""
-        names = self.names
+        names, step = self.names, state.step + 1
         moments = [[state.moments[n][key] for n in names] for key in self._moment_keys()]
         params, new_moments = self._apply(
-            lr, state.step + 1, [state.param(n) for n in names],
+            lr, step, [state.param(n) for n in names],
             [state.grads[n] for n in names], moments)
         out = {n: dict(m) for n, m in state.moments.items()}
         for key, values in zip(MOMENTS, new_moments):
             for n, v in zip(names, values):
                 out[n][key] = v
         new = state.with_params(dict(zip(names, params)))
-        return new.replace(moments=out, step=state.step + 1)
+        return new.replace(moments=out, step=step)
 
     def update_packed(self, state: PackedState, lr) -> PackedState:
         """`update` on a PackedState. The optimizer graph is one AdamW or SGD node (ORT's),

@@ -1,5 +1,5 @@
 // CUDA handler of GatherGrad, with the semantics of ffi/cpu/gather.cc (gather.h). Deterministic:
-// the same bits every run, no float atomics. dX is written exactly once (no zero fill first).
+// the same bits every run, no float atomics.
 //
 //   1. keys[p] = the row index p addresses (wrapped; V when dropped), pos[p] = p, sorted by key
 //      with CUB's stable radix sort over the bits V needs: each row's positions end up
@@ -18,7 +18,10 @@
 //        its chunk, so a chunk starts at most one piece); the last of a run's piece blocks to
 //        arrive (an integer counter) adds the run's partial sums in piece order and writes the
 //        row. The order of every sum depends on the ids and shapes only.
-//      - zero rows: blocks of kZeroRows rows write zeros to the rows no index addresses.
+//   0. dX = 0 on a second stream of the device while steps 1-2 run on XLA's (the sort is
+//      latency-bound, the fill bandwidth-bound); XLA's stream waits for it before step 3. Where
+//      no second stream can be had, step 3 adds blocks that write zeros to the rows no index
+//      addresses instead.
 // Sums are in f32 (f64 for f64). Work buffers come from XLA's scratch allocator (CUB's temp size
 // is known only here).
 #include <cuda_runtime.h>
@@ -26,6 +29,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/dispatch/dispatch_radix_sort.cuh>
 #include <string>
@@ -293,9 +298,53 @@ struct Scratch {
   }
 };
 
+// The second stream of step 0, one per device, with its fork and join events.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+std::mutex side_mu;  // held from the fork until XLA's stream waits on the join
+
+SideStream* side_stream(cudaStream_t main) {
+  int dev = 0;
+  if (cudaStreamGetDevice(main, &dev) != cudaSuccess) return nullptr;
+  static std::map<int, SideStream> streams;
+  auto [it, fresh] = streams.try_emplace(dev);
+  SideStream& s = it->second;
+  if (fresh) {
+    int current = 0;
+    cudaGetDevice(&current);
+    cudaSetDevice(dev);
+    if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming) != cudaSuccess)
+      s.stream = nullptr;
+    cudaSetDevice(current);
+    cudaGetLastError();  // a failure here only means: no side stream
+  }
+  return s.stream ? &s : nullptr;
+}
+
+// Starts dX = 0 on the side stream; returns the event XLA's stream must wait on, or nullptr
+// (then nothing was started).
+cudaEvent_t zero_on_side(cudaStream_t main, void* dx, size_t bytes) {
+  SideStream* s = side_stream(main);
+  if (s == nullptr) return nullptr;
+  if (cudaEventRecord(s->fork, main) != cudaSuccess ||
+      cudaStreamWaitEvent(s->stream, s->fork) != cudaSuccess ||
+      cudaMemsetAsync(dx, 0, bytes, s->stream) != cudaSuccess ||
+      cudaEventRecord(s->join, s->stream) != cudaSuccess) {
+    cudaGetLastError();
+    cudaStreamSynchronize(s->stream);  // the fill may have started: never leave it racing
+    return nullptr;
+  }
+  return s->join;
+}
+
 template <typename T, int VEC>
 ffi::Error reduce(const char* op, cudaStream_t stream, Scratch& scratch, const View& w,
-                  const uint32_t* keys, const int32_t* pos, const T* dy, T* dx) {
+                  const uint32_t* keys, const int32_t* pos, const T* dy, T* dx,
+                  cudaEvent_t zeroed) {
   Dims d{w.n, w.v, w.inner / VEC, w.outer * (w.inner / VEC), piece_size(w.n, w.v), 0};
   d.chunks = ceil_div(w.n, d.piece);
   const int threads = int(d.cols >= kThreads ? kThreads : ceil_div(d.cols, 32) * 32);
@@ -311,7 +360,12 @@ ffi::Error reduce(const char* op, cudaStream_t stream, Scratch& scratch, const V
   const int64_t bound_blocks = ceil_div(bound_items, 256) < 8192 ? ceil_div(bound_items, 256) : 8192;
   row_bounds<<<unsigned(bound_blocks), 256, 0, stream>>>(keys, int(w.n), w.v, row_start, counters,
                                                          ncounters);
-  const dim3 grid(unsigned(d.chunks + ceil_div(w.v, kZeroRows)), unsigned(col_blocks));
+  const int64_t zero_blocks = zeroed ? 0 : ceil_div(w.v, kZeroRows);
+  if (zeroed) {
+    cudaError_t e = cudaStreamWaitEvent(stream, zeroed);
+    if (e != cudaSuccess) return cuda_error(op, e);
+  }
+  const dim3 grid(unsigned(d.chunks + zero_blocks), unsigned(col_blocks));
   segment_sum<T, VEC><<<grid, threads, 0, stream>>>(keys, pos, row_start, d, dy, dx, partial,
                                                     counters);
   return cuda_error(op, cudaGetLastError());
@@ -319,7 +373,7 @@ ffi::Error reduce(const char* op, cudaStream_t stream, Scratch& scratch, const V
 
 template <typename T, typename I>
 ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View& w,
-               const I* idx, const T* dy, T* dx) {
+               const I* idx, const T* dy, T* dx, cudaEvent_t zeroed) {
   constexpr int kVec = 16 / sizeof(T);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = w.inner % kVec == 0 && aligned(dy) && aligned(dx);
@@ -346,8 +400,9 @@ ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View
   if (err == cudaSuccess)
     err = Sort::Dispatch(temp, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit, true, stream);
   if (err != cudaSuccess) return cuda_error(op, err);
-  return vec ? reduce<T, kVec>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx)
-             : reduce<T, 1>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx);
+  return vec ? reduce<T, kVec>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx,
+                              zeroed)
+             : reduce<T, 1>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx, zeroed);
 }
 
 ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
@@ -364,11 +419,13 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
     if (w.n == 0)  // no index: dX = 0 (otherwise every row is written once below)
       return cuda_error(op, cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream));
     Scratch scratch{alloc};
+    std::lock_guard<std::mutex> lock(side_mu);
+    cudaEvent_t zeroed = zero_on_side(stream, dx->untyped_data(), dx->size_bytes());
     if (indices.element_type() == ffi::DataType::S32)
       return run<T>(op, stream, scratch, w, indices.reinterpret_data<int32_t>(),
-                    dy.reinterpret_data<T>(), dx->reinterpret_data<T>());
+                    dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), zeroed);
     return run<T>(op, stream, scratch, w, indices.reinterpret_data<int64_t>(),
-                  dy.reinterpret_data<T>(), dx->reinterpret_data<T>());
+                  dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), zeroed);
   });
 }
 

@@ -3,6 +3,7 @@ jax.jit with donated params and state. In f64 with hyperparameters exact in f32 
 attributes are f32) the two agree to f64 rounding, which shows the semantics coincide; in f32
 they agree to f32 rounding (Adam amplifies rounding where the second moment is tiny)."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -277,3 +278,53 @@ def test_traced_hyperparameters_as_jit_arguments():
     tx = jo.adamw(LR, b1=0.75, weight_decay=2 * WD, b2=H["b2"], eps=H["eps"])
     want = tx.step(g, tx.init(params), params)[0]  # kernel, static attributes
     assert _max_rel(step(0.75, 2 * WD), want) < 1e-12
+
+
+def _entry(tx, path, params, g):
+    """The compiled donated step's entry computation and its input/output aliases."""
+    def f(p, state, grads):
+        if path == "step":
+            return tx.step(grads, state, p)
+        updates, state = tx.update(grads, state, p)
+        return optax.apply_updates(p, updates), state
+    text = jax.jit(f, donate_argnums=(0, 1)).lower(params, tx.init(params), g).compile().as_text()
+    header = text.split("\n", 1)[0]  # HloModule ..., input_output_alias={ {0}: (0, {}, ...), ...}
+    return text[text.index("\nENTRY"):], len(re.findall(r"\{\d+\}: \(\d+, \{\}", header))
+
+
+@pytest.mark.parametrize("name,path", [("adamw", "update"), ("adamw", "step"),
+                                       ("lamb", "step"), ("sgd", "update"), ("sgd", "step")])
+def test_donated_step_copies_nothing_as_optax(name, path):
+    """A donated step updates every buffer in place as optax's does: the same leaves, every
+    state and param output aliased to its input, and no copy in the executable (a plain
+    `count + 1` made XLA copy the donated count before overwriting it: one more op a call)."""
+    params, loss = _problem(jnp.float32)
+    g = jax.grad(loss)(params)
+    ours = getattr(jo, name)(LR)
+    theirs = getattr(optax, name)(LR)
+    assert len(jax.tree.leaves(ours.init(params))) == len(jax.tree.leaves(theirs.init(params)))
+    entry, aliases = _entry(ours, path, params, g)
+    assert " copy(" not in entry
+    assert aliases == len(jax.tree.leaves((params, ours.init(params))))
+    assert aliases == _entry(theirs, "update", params, g)[1]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_sgd_schedule_counts_steps_as_optax(fused):
+    """sgd keeps a count only for a schedule (as optax.sgd), and the schedule sees it."""
+    sched = optax.linear_schedule(0.1, 0.01, 5)
+    ours, theirs = jo.sgd(sched), optax.sgd(sched)
+    params, loss = _problem(jnp.float32)
+    mine, state = params, ours.init(params)
+    ref, ref_state = params, theirs.init(params)
+    for _ in range(7):  # past the schedule's end
+        g = jax.grad(loss)(mine)
+        if fused:
+            mine, state = jax.jit(ours.step)(g, state, mine)
+        else:
+            updates, state = jax.jit(ours.update)(g, state, mine)
+            mine = optax.apply_updates(mine, updates)
+        updates, ref_state = theirs.update(jax.grad(loss)(ref), ref_state, ref)
+        ref = optax.apply_updates(ref, updates)
+    assert int(state.count) == 7
+    assert _max_rel(mine, ref) < 1e-5

@@ -88,6 +88,15 @@ def _lr(learning_rate, count):
     return jnp.reshape(jnp.asarray(lr, jnp.float32), (1,))
 
 
+def _increment(count):
+    """The step count + 1, saturating at its dtype's max as optax's count does. XLA keeps the
+    select as one op that the step and the new state both read, so the donated count is read
+    once, then overwritten; a plain `count + 1` was recomputed inside each reader, and XLA
+    copied the donated count to keep it for them (one more op a step, seen on XLA:CPU)."""
+    top = jnp.iinfo(count.dtype).max
+    return jnp.where(count < top, count + 1, top)
+
+
 def _by_dtype(lists):
     """Tensor indices grouped by their dtypes across the lists (weights, gradients, moments),
     in first-seen order: each kernel launch takes one weight dtype (bf16 and f32 leaves of one
@@ -116,7 +125,8 @@ def adamw(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, e
     def fused_step(run, grads, state, params):
         leaves, tree = jax.tree.flatten(params)
         lists = [leaves] + [tree.flatten_up_to(t) for t in (grads, state.mu, state.nu)]
-        lr, step = _lr(learning_rate, state.count), jnp.reshape(state.count + 1, (1,))
+        count = _increment(state.count)
+        lr, step = _lr(learning_rate, state.count), jnp.reshape(count, (1,))
         new = [list(leaves), list(lists[2]), list(lists[3])]  # w, m1, m2
         for idx in _by_dtype(lists):
             _, *outs = run(ops.adamw_optimizer)(
@@ -125,7 +135,7 @@ def adamw(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, e
             for target, out in zip(new, outs):
                 for i, x in zip(idx, out):
                     target[i] = x
-        new_state = AdamState(state.count + 1, tree.unflatten(new[1]), tree.unflatten(new[2]))
+        new_state = AdamState(count, tree.unflatten(new[1]), tree.unflatten(new[2]))
         return tree.unflatten(new[0]), new_state
 
     return _transformation(init, fused_step)
@@ -139,23 +149,29 @@ def adam(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999,
 
 def sgd(learning_rate: float | Callable, momentum: float | None = None,
         nesterov: bool = False) -> FusedGradientTransformation:
-    """optax.sgd (no momentum) through ORT's SGDOptimizerV2 kernel; state counts steps for
-    schedules."""
+    """optax.sgd (no momentum) through ORT's SGDOptimizerV2 kernel; as optax's, the state
+    counts steps only for a schedule (a constant rate: no state, no buffer to pass a call)."""
     if momentum is not None or nesterov:
         raise NotImplementedError("jaxops.optim.sgd: ORT's SGD has no momentum")
+    scheduled = callable(learning_rate)
 
     def init(params):
-        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+        if scheduled:
+            return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+        return optax.EmptyState()
 
     def fused_step(run, grads, state, params):
         leaves, tree = jax.tree.flatten(params)
-        lists, lr = [leaves, tree.flatten_up_to(grads)], _lr(learning_rate, state.count)
+        lr = _lr(learning_rate, state.count if scheduled else None)
+        lists = [leaves, tree.flatten_up_to(grads)]
         new = list(leaves)
         for idx in _by_dtype(lists):
             _, w = run(ops.sgd_optimizer_v2)(lr, *[_pick(xs, idx) for xs in lists])
             for i, x in zip(idx, w):
                 new[i] = x
-        return tree.unflatten(new), optax.ScaleByScheduleState(count=state.count + 1)
+        if scheduled:
+            state = optax.ScaleByScheduleState(count=_increment(state.count))
+        return tree.unflatten(new), state
 
     return _transformation(init, fused_step)
 
@@ -174,14 +190,14 @@ def lamb(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, ep
         for w, g, m1, m2 in zip(leaves, tree.flatten_up_to(grads), tree.flatten_up_to(state.mu),
                                 tree.flatten_up_to(state.nu)):
             groups += [w, g, m1, m2, None]
-        n = len(leaves)
+        n, count = len(leaves), _increment(state.count)
         out = run(ops.lamb_optimizer)(
-            None, None, None, _lr(learning_rate, state.count), jnp.reshape(state.count + 1, (1,)),
+            None, None, None, _lr(learning_rate, state.count), jnp.reshape(count, (1,)),
             *groups, alpha=[b1] * n, beta=[b2] * n, epsilon=[eps] * n, max_norm_clip=[1.0] * n,
             ratio_min=ratio_min, ratio_max=ratio_max, do_bias_correction=1,
             new_gradients=False, **{"lambda": [weight_decay] * n})
         per = [out[1 + 5 * i:6 + 5 * i] for i in range(n)]
-        new_state = LambState(state.count + 1, tree.unflatten([p[2] for p in per]),
+        new_state = LambState(count, tree.unflatten([p[2] for p in per]),
                               tree.unflatten([p[3] for p in per]))
         return tree.unflatten([p[0] for p in per]), new_state
 

@@ -6,8 +6,10 @@ of torch's bf16 autocast; only float32 and bfloat16 operands are touched: intege
 float64 and float16 never are, and nodes that run on the host are left exact):
 
   low     matmul-class ops (MatMul, Gemm, Conv, ConvTranspose, Einsum, FusedMatMul, ConvGrad,
-          ConvTransposeGrad): every float operand cast to bfloat16; the product is bfloat16,
-          accumulated in float32 by the GPU's tensor-core GEMMs/convolutions.
+          ConvTransposeGrad, and the fused attention that replaces MatMul -> Softmax -> MatMul
+          and its gradient: handlers/fused_attention.py): every float operand cast to
+          bfloat16; the product is bfloat16, accumulated in float32 by the GPU's tensor-core
+          GEMMs/convolutions.
   wide    numerically sensitive ops: softmax and log-softmax and their gradients, the
           normalizations and their gradients, reductions, losses and their gradients,
           Exp/Log/Pow/Reciprocal/Softplus, CumSum, gradient accumulation (InPlaceAccumulator*)
@@ -39,7 +41,9 @@ PRECISIONS = (None, "f32", "bf16")
 
 LOW = frozenset({
     "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "FusedGemm",
-    "TransposeMatMul", "ConvGrad", "ConvTransposeGrad"})
+    "TransposeMatMul", "ConvGrad", "ConvTransposeGrad",
+    # the fused attention of handlers/fused_attention.py: the MatMuls it replaces read bf16
+    "FusedAttention", "FusedAttentionGrad"})
 
 WIDE = frozenset({
     # softmax and its gradients

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from jaxops._src.disable import routed_to_xla
+from jaxops._src.disable import disabled, routed_to_xla
 from jaxops.onnx import functions, registry, signature
 from jaxops.onnx import precision as _precision
 from jaxops.onnx.errors import OnnxImportError
@@ -402,10 +402,13 @@ class Program:
         self._missing: set[tuple[str, str, int]] = set()
         self._refused: list[str] = []
         try:
+            from jaxops.onnx.handlers.fused_attention import fuse_attention
             from jaxops.onnx.handlers.p2p import pair_transfers  # Send/Recv run as pairs
 
-            self._main = self._plan(pair_transfers(model.graph), frozenset(), self.opsets,
-                                    top=True)
+            graph = model.graph
+            if self.precision == "bf16" and not disabled("fused_attention"):
+                graph = fuse_attention(graph, self.opsets.get("", 1))
+            self._main = self._plan(pair_transfers(graph), frozenset(), self.opsets, top=True)
         except RecursionError:
             raise OnnxImportError("the model's subgraphs nest too deeply") from None
         except MemoryError:  # what the budget lets through may still not fit

@@ -1,0 +1,222 @@
+"""Attention written out in a training graph, run as one fused attention (mixed precision).
+
+Exported transformers spell attention as MatMul(Q, K^T) -> Div or Mul by a scalar -> Softmax
+-> MatMul(., V), and ORT's gradient builder adds its backward as FusedMatMuls around a
+SoftmaxGrad_13. Run node by node, the [batch, heads, seq, seq] probabilities and their gradient
+cross memory several times a layer: at seq 1024 they are most of a bf16 step's memory traffic.
+Under precision="bf16" (jaxops.onnx.precision) `fuse_attention` replaces each such forward and
+its backward, when every intermediate value is used only inside the pattern, by two nodes:
+
+  FusedAttention(Q, KT, V, c) -> O                      (scale: 1/c for Div, c for Mul)
+  FusedAttentionGrad(Q, KT, V, c, dO) -> dQ, dKT, dV
+
+which run jax.nn.dot_product_attention: cuDNN's flash attention on a GPU for bf16/f16 operands
+of a head size it takes, XLA's code elsewhere. The backward node takes the forward's operands
+and differentiates the same call (jax.vjp); XLA merges the forward it repeats with the forward
+node's. Numerics: scores and probabilities in float32 inside the kernel, probabilities rounded
+to the operands' dtype before the product with V, as the policy's own MatMul would read them.
+A pattern with a mask, dropout, or an intermediate used elsewhere is left as it is.
+JAXOPS_DISABLE=fused_attention turns the rewrite off.
+"""
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+
+from ..registry import canonical_domain, handler
+from .p2p import DOMAIN
+
+_FWD, _BWD = "FusedAttention", "FusedAttentionGrad"
+
+
+def _attrs(node) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _is(node, op_type, domain="") -> bool:
+    return node is not None and node.op_type == op_type and canonical_domain(node.domain) == domain
+
+
+def _fused_matmul(node, trans_a, trans_b) -> bool:
+    """A com.microsoft FusedMatMul that is op(A) @ op(B) with these transposes and nothing else
+    (alpha 1, no batch transposes)."""
+    if not _is(node, "FusedMatMul", "com.microsoft"):
+        return False
+    a = _attrs(node)
+    return (a.get("transA", 0) == trans_a and a.get("transB", 0) == trans_b
+            and a.get("alpha", 1.0) == 1.0 and not a.get("transBatchA", 0)
+            and not a.get("transBatchB", 0))
+
+
+class _Graph:
+    """Producers and consumers of a graph's values."""
+
+    def __init__(self, graph):
+        self.nodes = list(graph.node)
+        self.producer = {o: n for n in self.nodes for o in n.output if o}
+        self.consumers = collections.defaultdict(list)
+        for n in self.nodes:
+            for i in n.input:
+                if i:
+                    self.consumers[i].append(n)
+        self.outputs = {v.name for v in graph.output}
+
+    def only_consumer(self, name):
+        """The one node that reads `name`, or None (several, none, or a graph output)."""
+        users = self.consumers.get(name, [])
+        return users[0] if len(users) == 1 and name not in self.outputs else None
+
+
+def _match(g: _Graph, softmax, opset: int):
+    """(new nodes, replaced nodes) for the attention around `softmax`, or None."""
+    a = _attrs(softmax)
+    if a.get("axis", -1 if opset >= 13 else 1) != -1:
+        return None
+    scaled = g.producer.get(softmax.input[0])
+    if g.only_consumer(softmax.input[0]) is not softmax:
+        return None
+    if _is(scaled, "Div") or _is(scaled, "Mul"):
+        scores, c, scale_op = g.producer.get(scaled.input[0]), scaled.input[1], scaled.op_type
+        if g.only_consumer(scaled.input[0]) is not scaled:
+            return None
+    else:
+        scores, c, scale_op, scaled = scaled, "", "", None
+    if not _is(scores, "MatMul"):
+        return None
+    q, kt = scores.input
+    probs = softmax.output[0]
+    users = g.consumers.get(probs, [])
+    if probs in g.outputs or not users:
+        return None
+    forward = [n for n in users if _is(n, "MatMul") and n.input[0] == probs]
+    if len(forward) != 1:
+        return None
+    v, o = forward[0].input[1], forward[0].output[0]
+    attrs = {"scale_op": scale_op}
+    fwd = onnx.helper.make_node(_FWD, [q, kt, v, c], [o], domain=DOMAIN,
+                                name=f"{softmax.name or 'Softmax'}/fused", **attrs)
+    replaced = [scores, scaled, softmax, forward[0]]
+    if len(users) == 1:  # an inference graph: the forward alone
+        return [fwd], replaced
+    backward = _match_backward(g, users, forward[0], probs, q, kt, v, c, scale_op)
+    if backward is None:
+        return None
+    grad_nodes, outs, d_out = backward
+    bwd = onnx.helper.make_node(_BWD, [q, kt, v, c, d_out], outs, domain=DOMAIN,
+                                name=f"{softmax.name or 'Softmax'}/fused_grad", **attrs)
+    return [fwd, bwd], replaced + grad_nodes
+
+
+def _match_backward(g, users, forward, probs, q, kt, v, c, scale_op):
+    """ORT's gradient of the forward: (its nodes, [dQ, dKT, dV], dO), or None."""
+    rest = [n for n in users if n is not forward]
+    dv = [n for n in rest if _fused_matmul(n, 1, 0) and n.input[0] == probs]
+    sgrad = [n for n in rest if _is(n, "SoftmaxGrad_13", "com.microsoft") and n.input[1] == probs
+             and _attrs(n).get("axis", -1) == -1]
+    if len(rest) != 2 or len(dv) != 1 or len(sgrad) != 1:
+        return None
+    dv, sgrad = dv[0], sgrad[0]
+    d_out = dv.input[1]
+    da = g.producer.get(sgrad.input[0])
+    if (not _fused_matmul(da, 0, 1) or list(da.input) != [d_out, v]
+            or g.only_consumer(sgrad.input[0]) is not sgrad):
+        return None
+    nodes = [dv, da, sgrad]
+    value = sgrad.output[0]
+    if scale_op:  # the scale's gradient: the same op by the same scalar
+        unscale = g.only_consumer(value)
+        if not _is(unscale, scale_op) or list(unscale.input) != [value, c]:
+            return None
+        nodes.append(unscale)
+        value = unscale.output[0]
+    while (step := g.only_consumer(value)) is not None and _is(step, "Identity"):
+        nodes.append(step)
+        value = step.output[0]
+    users = g.consumers.get(value, [])
+    dq = [n for n in users if _fused_matmul(n, 0, 1) and list(n.input) == [value, kt]]
+    dkt = [n for n in users if _fused_matmul(n, 1, 0) and list(n.input) == [q, value]]
+    if value in g.outputs or len(users) != 2 or len(dq) != 1 or len(dkt) != 1:
+        return None
+    return nodes + dq + dkt, [dq[0].output[0], dkt[0].output[0], dv.output[0]], d_out
+
+
+def fuse_attention(graph: onnx.GraphProto, opset: int) -> onnx.GraphProto:
+    """`graph` with each matched attention fused (a copy), or `graph` itself when none is."""
+    g = _Graph(graph)
+    new, gone = [], set()
+    for node in g.nodes:
+        if _is(node, "Softmax"):
+            found = _match(g, node, opset)
+            if found is not None:
+                new += found[0]
+                gone.update(id(n) for n in found[1] if n is not None)
+    if not new:
+        return graph
+    copy = onnx.GraphProto()
+    copy.CopyFrom(graph)
+    del copy.node[:]
+    copy.node.extend([n for n in g.nodes if id(n) not in gone] + new)
+    return copy
+
+
+def _scale(c, scale_op, label):
+    if not scale_op:
+        return 1.0
+    if not isinstance(c, (np.ndarray, np.generic, float, int)) or np.size(c) != 1:
+        return None  # known only at run time: the written-out formula below
+    c = float(np.asarray(c).reshape(()))
+    if scale_op == "Div" and c == 0:
+        raise ValueError(f"{label}: attention scores divided by 0")
+    return 1.0 / c if scale_op == "Div" else c
+
+
+def _written_out(q, kt, v, c, scale_op):
+    """The graph's own formula (the fallback): bf16 products, the softmax in float32."""
+    s = jnp.matmul(q, kt)
+    if scale_op:
+        c = jnp.asarray(c, s.dtype)
+        s = s / c if scale_op == "Div" else s * c
+    p = jax.nn.softmax(s.astype(jnp.float32), axis=-1)
+    return jnp.matmul(p.astype(v.dtype), v)
+
+
+def _implementation(q):
+    """cuDNN's flash attention where it applies (a GPU, bf16/f16, head size a multiple of 8 up
+    to 128), else XLA's code."""
+    if (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128):
+        return "cudnn"
+    return "xla"
+
+
+def _attend(q, kt, v, c, scale_op, label):
+    """O = softmax(scale * Q K^T) V over the last two axes; leading axes are batch (the
+    heads' too)."""
+    if q.ndim < 3 or q.ndim != kt.ndim or q.ndim != v.ndim:
+        raise ValueError(f"{label}: Q, K^T and V must share a rank >= 3, got {q.shape}, "
+                         f"{kt.shape}, {v.shape}")
+    scale = _scale(c, scale_op, label)
+    if scale is None or len({q.dtype, kt.dtype, v.dtype}) != 1:
+        return _written_out(q, kt, v, c, scale_op)
+    lead = q.shape[:-2]
+    # [..., T, H] -> [B, T, 1, H]: dot_product_attention's layout (batch, seq, heads, head)
+    as_btnh = lambda x: x.reshape((-1,) + x.shape[-2:])[:, :, None, :]
+    k = jnp.swapaxes(kt, -1, -2)
+    out = jax.nn.dot_product_attention(as_btnh(q), as_btnh(k), as_btnh(v), scale=scale,
+                                       implementation=_implementation(q))
+    return out[:, :, 0, :].reshape(lead + out.shape[1:2] + out.shape[3:])
+
+
+@handler(_FWD, domain=DOMAIN)
+def fused_attention(ctx, q, kt, v, c=None, *, scale_op):
+    return _attend(q, kt, v, c, scale_op, ctx.name)
+
+
+@handler(_BWD, domain=DOMAIN)
+def fused_attention_grad(ctx, q, kt, v, c, d_out, *, scale_op):
+    out, vjp = jax.vjp(lambda a, b, w: _attend(a, b, w, c, scale_op, ctx.name), q, kt, v)
+    return vjp(d_out.astype(out.dtype))

@@ -45,7 +45,7 @@ def test_disabled_by_env(monkeypatch):
     assert _fused(prog) == [] and "SoftmaxGrad_13" in _ops(prog)
 
 
-def _attention(scale_node=("Div", "c"), mask=False, axis=-1, probs_out=False):
+def _attention(scale_node=("Div", "c"), mask=False, axis=-1, probs_out=False, dropout=False):
     nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"])]
     x = "s"
     if scale_node:
@@ -54,24 +54,27 @@ def _attention(scale_node=("Div", "c"), mask=False, axis=-1, probs_out=False):
     if mask:
         nodes.append(helper.make_node("Add", [x, "m"], ["xm"]))
         x = "xm"
-    nodes += [helper.make_node("Softmax", [x], ["a"], axis=axis),
-              helper.make_node("MatMul", ["a", "v"], ["o"])]
+    nodes.append(helper.make_node("Softmax", [x], ["a"], axis=axis))
+    if dropout:
+        nodes.append(helper.make_node("Dropout", ["a"], ["ad"]))
+    nodes.append(helper.make_node("MatMul", ["ad" if dropout else "a", "v"], ["o"]))
     shape = [2, 3, 16, 8]
     inputs = [vi("q", TensorProto.FLOAT, shape), vi("kt", TensorProto.FLOAT, [2, 3, 8, 16]),
               vi("v", TensorProto.FLOAT, shape)]
     if mask:
-        inputs.append(vi("m", TensorProto.FLOAT, [16, 16]))
+        inputs.append(vi("m", TensorProto.FLOAT, [2, 1, 1, 16]))  # a padding mask
     outputs = [vi("o", TensorProto.FLOAT, shape)] + (
         [vi("a", TensorProto.FLOAT, [2, 3, 16, 16])] if probs_out else [])
-    inits = {"c": np.float32(np.sqrt(8.0))} if scale_node and scale_node[1] == "c" else {}
+    scale = np.sqrt(8.0) if scale_node and scale_node[0] == "Div" else 1 / np.sqrt(8.0)
+    inits = {"c": np.float32(scale)} if scale_node and scale_node[1] == "c" else {}
     return model(nodes, inputs, outputs, initializers=inits)
 
 
-@pytest.mark.parametrize("kind", ["mask", "axis", "probs_out"])
+@pytest.mark.parametrize("kind", ["dropout", "axis", "probs_out"])
 def test_other_patterns_are_left_alone(kind):
-    """A mask between the scale and the softmax, a softmax over another axis, probabilities
-    the graph also returns: not the pattern, run as written."""
-    m = _attention(**{"mask": dict(mask=True), "axis": dict(axis=1),
+    """Dropout on the probabilities, a softmax over another axis, probabilities the graph also
+    returns: not the pattern, run as written."""
+    m = _attention(**{"dropout": dict(dropout=True), "axis": dict(axis=1),
                       "probs_out": dict(probs_out=True)}[kind])
     assert fuse_attention(m.graph, 17) is m.graph
     assert _fused(load(m, precision="bf16")) == []
@@ -84,11 +87,15 @@ def _inputs(rng):
     return q, kt, v
 
 
-@pytest.mark.parametrize("scale_node", [("Div", "c"), ("Mul", "c"), None])
-def test_forward_matches_the_written_out_graph(monkeypatch, scale_node):
-    m = _attention(scale_node=scale_node)
+@pytest.mark.parametrize("scale_node,mask", [(("Div", "c"), False), (("Mul", "c"), False),
+                                             (None, False), (("Mul", "c"), True)])
+def test_forward_matches_the_written_out_graph(monkeypatch, scale_node, mask):
+    m = _attention(scale_node=scale_node, mask=mask)
     q, kt, v = _inputs(np.random.default_rng(0))
-    run = lambda p: np.asarray(jax.jit(lambda *x: p.run(p.params, *x)[0])(q, kt, v))
+    # the padding mask: the last 5 keys of the second sequence hidden (HF's finfo.min)
+    extra = [np.where(np.arange(16) >= 11, np.finfo(np.float32).min, 0).astype(np.float32)
+             * np.array([0, 1], np.float32).reshape(2, 1, 1, 1)] if mask else []
+    run = lambda p: np.asarray(jax.jit(lambda *x: p.run(p.params, *x)[0])(q, kt, v, *extra))
     fused = load(m, precision="bf16")
     assert _fused(fused) == ["FusedAttention"]
     got = run(fused)
@@ -148,3 +155,58 @@ def test_training_step_tracks_the_written_out_graph(monkeypatch):
         g2 = np.asarray(new2.grads[name], np.float32)
         scale = np.abs(g2).max() + 1e-6
         assert np.abs(np.asarray(g, np.float32) - g2).max() <= 5e-2 * scale, name
+
+
+def _training_attention(bias_grad: bool):
+    """Forward MatMul -> Mul(c) -> Add(bias) -> Softmax -> MatMul and its gradient as ORT's
+    builder writes it (FusedMatMuls around SoftmaxGrad_13); bias_grad: the bias is trained,
+    so ReduceSum reads the softmax gradient too."""
+    fmm = lambda a, b, o, ta, tb: helper.make_node("FusedMatMul", [a, b], [o],
+                                                    domain="com.microsoft", transA=ta, transB=tb,
+                                                    alpha=1.0)
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "c"], ["x"]),
+             helper.make_node("Add", ["x", "b"], ["xb"]),
+             helper.make_node("Softmax", ["xb"], ["a"], axis=-1),
+             helper.make_node("MatMul", ["a", "v"], ["o"]),
+             fmm("a", "do", "dv", 1, 0), fmm("do", "v", "da", 0, 1),
+             helper.make_node("SoftmaxGrad_13", ["da", "a"], ["dxb"], domain="com.microsoft",
+                              axis=-1),
+             helper.make_node("Identity", ["dxb"], ["dx"]),
+             helper.make_node("Mul", ["dx", "c"], ["ds"]),
+             fmm("ds", "kt", "dq", 0, 1), fmm("q", "ds", "dkt", 1, 0)]
+    outputs = ["o", "dq", "dkt", "dv"]
+    if bias_grad:
+        nodes.append(helper.make_node("ReduceSum", ["dxb"], ["db"], keepdims=0))
+        outputs.append("db")
+    shapes = {"q": [2, 3, 16, 8], "kt": [2, 3, 8, 16], "v": [2, 3, 16, 8], "do": [2, 3, 16, 8],
+              "b": [1, 1, 16, 16]}
+    return model(nodes, [vi(n, TensorProto.FLOAT, sh) for n, sh in shapes.items()],
+                 [vi(n, TensorProto.FLOAT) for n in outputs],
+                 initializers={"c": np.float32(0.35)}, domains=("com.microsoft",))
+
+
+def test_a_trained_bias_keeps_the_written_out_gradient():
+    m = _training_attention(bias_grad=True)
+    assert fuse_attention(m.graph, 17) is m.graph
+
+
+def test_backward_node_gives_the_gradients_of_the_forward():
+    """The fused pair against jax.grad of the float32 formula: O and dQ, dK^T, dV within
+    bfloat16's tolerance."""
+    m = _training_attention(bias_grad=False)
+    p = load(m, precision="bf16")
+    assert sorted(_fused(p)) == ["FusedAttention", "FusedAttentionGrad"]
+    rng = np.random.default_rng(3)
+    q, kt, v = _inputs(rng)
+    do = rng.standard_normal((2, 3, 16, 8)).astype(np.float32)
+    b = np.triu(np.full((16, 16), -1e9, np.float32), 1).reshape(1, 1, 16, 16)  # causal
+    got = jax.jit(lambda *x: p.run(p.params, *x))(q, kt, v, do, b)
+
+    def f(q, kt, v):
+        probs = jax.nn.softmax(jnp.matmul(q, kt) * 0.35 + b, axis=-1)
+        return jnp.matmul(probs, v)
+    o, vjp = jax.vjp(f, q, kt, v)
+    for g, w in zip(got, (o, *vjp(do))):
+        w = np.asarray(w)
+        assert np.abs(np.asarray(g, np.float32) - w).max() <= 3e-2 * np.abs(w).max()

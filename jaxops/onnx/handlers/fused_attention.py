@@ -10,12 +10,15 @@ its backward, when every intermediate value is used only inside the pattern, by 
   FusedAttention(Q, KT, V, c) -> O                      (scale: 1/c for Div, c for Mul)
   FusedAttentionGrad(Q, KT, V, c, dO) -> dQ, dKT, dV
 
-which run jax.nn.dot_product_attention: cuDNN's flash attention on a GPU for bf16/f16 operands
-of a head size it takes, XLA's code elsewhere. The backward node takes the forward's operands
-and differentiates the same call (jax.vjp); XLA merges the forward it repeats with the forward
-node's. Numerics: scores and probabilities in float32 inside the kernel, probabilities rounded
-to the operands' dtype before the product with V, as the policy's own MatMul would read them.
-A pattern with a mask, dropout, or an intermediate used elsewhere is left as it is.
+which run cuDNN's flash attention (jax.nn.dot_product_attention) on a GPU for bf16/f16 operands
+of a head size it takes, and elsewhere the graph's own formula, as the policy runs the nodes
+(bf16 products, the softmax in float32). The backward node takes the forward's operands and
+differentiates the same call (jax.vjp); XLA merges the forward it repeats with the forward
+node's. cuDNN keeps scores and probabilities in float32 inside the kernel and rounds the
+probabilities to bf16 before the product with V, as the policy's own MatMul reads them. An
+additive mask or bias between the scale and the softmax (Add) is taken along when nothing
+trains it (its gradient would read the softmax's); dropout on the probabilities, or an
+intermediate used elsewhere, leaves the pattern as written.
 JAXOPS_DISABLE=fused_attention turns the rewrite off.
 """
 from __future__ import annotations
@@ -71,14 +74,32 @@ class _Graph:
         return users[0] if len(users) == 1 and name not in self.outputs else None
 
 
+def _scores_side(g, add):
+    """(scores input, bias input) of Add(scaled scores, bias), or None: the scores side is the
+    one a MatMul, or a Div/Mul of one, produces."""
+    for i in (0, 1):
+        p = g.producer.get(add.input[i])
+        inner = g.producer.get(p.input[0]) if _is(p, "Div") or _is(p, "Mul") else p
+        if _is(inner, "MatMul"):
+            return add.input[i], add.input[1 - i]
+    return None
+
+
 def _match(g: _Graph, softmax, opset: int):
     """(new nodes, replaced nodes) for the attention around `softmax`, or None."""
     a = _attrs(softmax)
     if a.get("axis", -1 if opset >= 13 else 1) != -1:
         return None
-    scaled = g.producer.get(softmax.input[0])
     if g.only_consumer(softmax.input[0]) is not softmax:
         return None
+    logits, bias, add = softmax.input[0], "", None
+    if _is(g.producer.get(logits), "Add"):  # an additive mask or bias
+        add = g.producer[logits]
+        sides = _scores_side(g, add)
+        if sides is None or g.only_consumer(sides[0]) is not add:
+            return None
+        logits, bias = sides
+    scaled = g.producer.get(logits)
     if _is(scaled, "Div") or _is(scaled, "Mul"):
         scores, c, scale_op = g.producer.get(scaled.input[0]), scaled.input[1], scaled.op_type
         if g.only_consumer(scaled.input[0]) is not scaled:
@@ -97,16 +118,16 @@ def _match(g: _Graph, softmax, opset: int):
         return None
     v, o = forward[0].input[1], forward[0].output[0]
     attrs = {"scale_op": scale_op}
-    fwd = onnx.helper.make_node(_FWD, [q, kt, v, c], [o], domain=DOMAIN,
+    fwd = onnx.helper.make_node(_FWD, [q, kt, v, c, bias], [o], domain=DOMAIN,
                                 name=f"{softmax.name or 'Softmax'}/fused", **attrs)
-    replaced = [scores, scaled, softmax, forward[0]]
+    replaced = [scores, scaled, add, softmax, forward[0]]
     if len(users) == 1:  # an inference graph: the forward alone
         return [fwd], replaced
     backward = _match_backward(g, users, forward[0], probs, q, kt, v, c, scale_op)
     if backward is None:
         return None
     grad_nodes, outs, d_out = backward
-    bwd = onnx.helper.make_node(_BWD, [q, kt, v, c, d_out], outs, domain=DOMAIN,
+    bwd = onnx.helper.make_node(_BWD, [q, kt, v, c, d_out, bias], outs, domain=DOMAIN,
                                 name=f"{softmax.name or 'Softmax'}/fused_grad", **attrs)
     return [fwd, bwd], replaced + grad_nodes
 
@@ -127,6 +148,11 @@ def _match_backward(g, users, forward, probs, q, kt, v, c, scale_op):
         return None
     nodes = [dv, da, sgrad]
     value = sgrad.output[0]
+    # the mask's Add passes the gradient on as is (an Identity); a bias that is trained would
+    # also read it (a second consumer: no match)
+    while (step := g.only_consumer(value)) is not None and _is(step, "Identity"):
+        nodes.append(step)
+        value = step.output[0]
     if scale_op:  # the scale's gradient: the same op by the same scalar
         unscale = g.only_consumer(value)
         if not _is(unscale, scale_op) or list(unscale.input) != [value, c]:
@@ -174,49 +200,66 @@ def _scale(c, scale_op, label):
     return 1.0 / c if scale_op == "Div" else c
 
 
-def _written_out(q, kt, v, c, scale_op):
+def _written_out(q, kt, v, c, scale_op, bias):
     """The graph's own formula (the fallback): bf16 products, the softmax in float32."""
     s = jnp.matmul(q, kt)
     if scale_op:
         c = jnp.asarray(c, s.dtype)
         s = s / c if scale_op == "Div" else s * c
+    if bias is not None:
+        s = s + bias
     p = jax.nn.softmax(s.astype(jnp.float32), axis=-1)
     return jnp.matmul(p.astype(v.dtype), v)
 
 
-def _implementation(q):
-    """cuDNN's flash attention where it applies (a GPU, bf16/f16, head size a multiple of 8 up
-    to 128), else XLA's code."""
-    if (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
-            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128):
-        return "cudnn"
-    return "xla"
+def _cudnn(q) -> bool:
+    """Whether cuDNN's flash attention applies: a GPU, bf16/f16, a head size that is a multiple
+    of 8 up to 128."""
+    return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128)
 
 
-def _attend(q, kt, v, c, scale_op, label):
-    """O = softmax(scale * Q K^T) V over the last two axes; leading axes are batch (the
-    heads' too)."""
-    if q.ndim < 3 or q.ndim != kt.ndim or q.ndim != v.ndim:
-        raise ValueError(f"{label}: Q, K^T and V must share a rank >= 3, got {q.shape}, "
+def _as_bnts(bias, shape):
+    """The bias as [B or 1, N or 1, T, S] for scores of `shape` [B, N, T, S] (what the fused
+    call broadcasts itself), or None where it does not broadcast to them."""
+    if bias.ndim > 4:
+        return None
+    bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    try:
+        np.broadcast_shapes(bias.shape, shape)
+    except ValueError:
+        return None
+    lead = [d if d == full else 1 for d, full in zip(bias.shape[:2], shape[:2])]
+    return jnp.broadcast_to(bias, (*lead, *shape[2:]))
+
+
+def _attend(q, kt, v, c, scale_op, label, bias=None):
+    """O = softmax(scale * Q K^T + bias) V over the last two axes; leading axes are batch (a
+    rank-4 Q is [batch, heads, seq, head])."""
+    if q.ndim < 3 or q.ndim > 4 or q.ndim != kt.ndim or q.ndim != v.ndim:
+        raise ValueError(f"{label}: Q, K^T and V must share a rank of 3 or 4, got {q.shape}, "
                          f"{kt.shape}, {v.shape}")
     scale = _scale(c, scale_op, label)
-    if scale is None or len({q.dtype, kt.dtype, v.dtype}) != 1:
-        return _written_out(q, kt, v, c, scale_op)
-    lead = q.shape[:-2]
-    # [..., T, H] -> [B, T, 1, H]: dot_product_attention's layout (batch, seq, heads, head)
-    as_btnh = lambda x: x.reshape((-1,) + x.shape[-2:])[:, :, None, :]
-    k = jnp.swapaxes(kt, -1, -2)
-    out = jax.nn.dot_product_attention(as_btnh(q), as_btnh(k), as_btnh(v), scale=scale,
-                                       implementation=_implementation(q))
-    return out[:, :, 0, :].reshape(lead + out.shape[1:2] + out.shape[3:])
+    q4, k4, v4 = (x if x.ndim == 4 else x[None] for x in (q, jnp.swapaxes(kt, -1, -2), v))
+    scores = (*q4.shape[:3], k4.shape[2])
+    b = None if bias is None else _as_bnts(bias.astype(q.dtype), scores)
+    if (not _cudnn(q) or scale is None or len({q.dtype, kt.dtype, v.dtype}) != 1
+            or (bias is not None and b is None)):
+        return _written_out(q, kt, v, c, scale_op, bias)
+    # dot_product_attention's layout is [batch, seq, heads, head]
+    btnh = lambda x: jnp.swapaxes(x, 1, 2)
+    out = jax.nn.dot_product_attention(btnh(q4), btnh(k4), btnh(v4), bias=b, scale=scale,
+                                       implementation="cudnn")
+    out = btnh(out)
+    return out if q.ndim == 4 else out[0]
 
 
 @handler(_FWD, domain=DOMAIN)
-def fused_attention(ctx, q, kt, v, c=None, *, scale_op):
-    return _attend(q, kt, v, c, scale_op, ctx.name)
+def fused_attention(ctx, q, kt, v, c=None, bias=None, *, scale_op):
+    return _attend(q, kt, v, c, scale_op, ctx.name, bias)
 
 
 @handler(_BWD, domain=DOMAIN)
-def fused_attention_grad(ctx, q, kt, v, c, d_out, *, scale_op):
-    out, vjp = jax.vjp(lambda a, b, w: _attend(a, b, w, c, scale_op, ctx.name), q, kt, v)
+def fused_attention_grad(ctx, q, kt, v, c, d_out, bias=None, *, scale_op):
+    out, vjp = jax.vjp(lambda a, b, w: _attend(a, b, w, c, scale_op, ctx.name, bias), q, kt, v)
     return vjp(d_out.astype(out.dtype))

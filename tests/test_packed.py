@@ -62,6 +62,26 @@ def test_pack_unpack_round_trip(jit):
     assert list(back.params) == list(state.params) and list(back.frozen) == ["e", "f"]
 
 
+def test_static_and_buffers_rebuild_the_state():
+    """What the ORT-API steps hand jit instead of the dataclass: a hashable static part and
+    dicts of arrays, from which the state is rebuilt inside (values and names the same)."""
+    state, trained = _state()
+    packed = PackedState.pack(state, trained)
+    hash(packed.static)  # a static argument of jit
+    assert set(packed.buffers) == {"trained", "grads", "moments", "other_moments", "rest",
+                                   "step"}
+    _assert_same(PackedState.from_buffers(packed.static, **packed.buffers).unpack(), state)
+    rebuilt = jax.jit(lambda b: PackedState.from_buffers(packed.static, **b).unpack())(
+        packed.buffers)
+    _assert_same(rebuilt.replace(step=np.int64(rebuilt.step)), state)
+    params_only = PackedState.from_buffers(packed.static, trained=packed.trained,
+                                           grads=packed.grads, rest=packed.rest)
+    assert params_only.moments == {} and params_only.step is None
+    _assert_same(params_only.unpack().params, state.params)
+    with pytest.raises(TypeError, match="not buffers of a PackedState: \\['momentz'\\]"):
+        PackedState.from_buffers(packed.static, momentz={})
+
+
 def test_partial_moments_stay_by_name():
     """Before the optimizer's init some trained parameters have no moments: kept by name."""
     state, trained = _state()

@@ -53,6 +53,9 @@ class Layout:
                 for key, group in self.groups for name, shape, offset in group}
 
 
+_BUFFERS = ("trained", "grads", "moments", "other_moments", "rest", "step")
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PackedState:
@@ -96,6 +99,29 @@ class PackedState:
     @property
     def trained_names(self) -> tuple[str, ...]:
         return self.order[2]
+
+    @property
+    def static(self) -> tuple[Layout, Layout, tuple]:
+        """The layouts and names, hashable: with `buffers`, what a jitted function takes
+        instead of the PackedState (`from_buffers` rebuilds it inside). A jitted call given
+        dicts of arrays dispatched 10-16 us faster than one given this dataclass (gpt2_ts's
+        eval step on one CPU core, 2026-11-24)."""
+        return self.layout, self.rest_layout, self.order
+
+    @property
+    def buffers(self) -> dict[str, Any]:
+        """The arrays: {trained, grads, moments, other_moments, rest, step}."""
+        return {f: getattr(self, f) for f in _BUFFERS}
+
+    @classmethod
+    def from_buffers(cls, static, **buffers) -> PackedState:
+        """The PackedState of `static` (`.static`) and `buffers` (`.buffers`; those left
+        out are empty, the step None)."""
+        layout, rest_layout, order = static
+        fields = {f: buffers.pop(f, None if f == "step" else {}) for f in _BUFFERS}
+        if buffers:
+            raise TypeError(f"not buffers of a PackedState: {sorted(buffers)}")
+        return cls(**fields, layout=layout, rest_layout=rest_layout, order=order)
 
     def replace(self, **changes) -> PackedState:
         return dataclasses.replace(self, **changes)

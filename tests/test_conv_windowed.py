@@ -114,3 +114,27 @@ def test_dense_conv_grad_stays_xla_on_the_cpu():
         return f.trace(dy, x, w).lower(lowering_platforms=("cpu",)).as_text()
     assert "convolution" in lowered((False, True, False))
     assert "convolution" in lowered((True, False, False))
+
+
+def test_depthwise_sum_is_materialized_once(rng):
+    """A depthwise windowed_conv ends in lax.optimization_barrier (where this jax can
+    differentiate it), so XLA:CPU computes its k-term sum once, not again inside each consumer
+    (ConvNeXt's LayerNorm: three times); grouped ones end in a matmul and have none."""
+    from jaxops.ops.conv import _barrier_differentiates
+
+    def layer_norm_after(case):
+        def f(x, w):
+            y = windowed_conv(x, w, *case[2:])
+            mean = y.mean(axis=1, keepdims=True)
+            return (y - mean) / jnp.sqrt(((y - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+        return f
+
+    depthwise, grouped = CASES[1], CASES[2]
+    for case, want in ((depthwise, _barrier_differentiates()), (grouped, False)):
+        x, w = inputs(rng, case, jnp.float32)
+        text = jax.jit(layer_norm_after(case)).lower(x, w).as_text()
+        assert ("optimization_barrier" in text) == want, case
+    if not _barrier_differentiates():
+        pytest.skip("this jax cannot differentiate lax.optimization_barrier")
+    x, w = inputs(rng, depthwise)
+    check_grads(layer_norm_after(depthwise), (x, w), order=2, modes=["fwd", "rev"])

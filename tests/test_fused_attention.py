@@ -210,3 +210,15 @@ def test_backward_node_gives_the_gradients_of_the_forward():
     for g, w in zip(got, (o, *vjp(do))):
         w = np.asarray(w)
         assert np.abs(np.asarray(g, np.float32) - w).max() <= 3e-2 * np.abs(w).max()
+
+
+def test_probabilities_read_by_a_subgraph_are_left_alone():
+    """A value an If branch reads by name is used outside the pattern."""
+    m = _attention()
+    branch = helper.make_graph([helper.make_node("Identity", ["a"], ["r"])], "then", [],
+                               [vi("r", TensorProto.FLOAT)])
+    m.graph.node.append(helper.make_node("If", ["flag"], ["r_out"], then_branch=branch,
+                                         else_branch=branch))
+    m.graph.input.append(vi("flag", TensorProto.BOOL, []))
+    m.graph.output.append(vi("r_out", TensorProto.FLOAT))
+    assert fuse_attention(m.graph, 17) is m.graph

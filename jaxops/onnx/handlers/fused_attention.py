@@ -55,6 +55,16 @@ def _fused_matmul(node, trans_a, trans_b) -> bool:
             and not a.get("transBatchB", 0))
 
 
+def _subgraph_reads(graph) -> set[str]:
+    """Every name the nodes of `graph`'s subgraphs (If/Loop/Scan bodies, nested) read."""
+    names = set()
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names |= {i for n in sub.node for i in n.input if i} | _subgraph_reads(sub)
+    return names
+
+
 class _Graph:
     """Producers and consumers of a graph's values."""
 
@@ -66,7 +76,8 @@ class _Graph:
             for i in n.input:
                 if i:
                     self.consumers[i].append(n)
-        self.outputs = {v.name for v in graph.output}
+        # values that leave the pattern's reach: the graph's outputs and what subgraphs read
+        self.outputs = {v.name for v in graph.output} | _subgraph_reads(graph)
 
     def only_consumer(self, name):
         """The one node that reads `name`, or None (several, none, or a graph output)."""
@@ -243,7 +254,9 @@ def _attend(q, kt, v, c, scale_op, label, bias=None):
     q4, k4, v4 = (x if x.ndim == 4 else x[None] for x in (q, jnp.swapaxes(kt, -1, -2), v))
     scores = (*q4.shape[:3], k4.shape[2])
     b = None if bias is None else _as_bnts(bias.astype(q.dtype), scores)
-    if (not _cudnn(q) or scale is None or len({q.dtype, kt.dtype, v.dtype}) != 1
+    same = (q4.shape[:2] == k4.shape[:2] == v4.shape[:2] and k4.shape[2] == v4.shape[2]
+            and q4.shape[3] == k4.shape[3] == v4.shape[3])  # no broadcast batch, one head size
+    if (not _cudnn(q) or not same or scale is None or len({q.dtype, kt.dtype, v.dtype}) != 1
             or (bias is not None and b is None)):
         return _written_out(q, kt, v, c, scale_op, bias)
     # dot_product_attention's layout is [batch, seq, heads, head]

@@ -309,7 +309,27 @@ def main(argv=None):
         rows += _run(models, t, args.reps, args.xla_conv)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    print("\n" + markdown(rows))
     return 0
+
+
+def markdown(rows) -> str:
+    """The rows as a markdown table (what `python -m bench.all` gathers)."""
+    out = ["ms medians, jaxops and ORT interleaved; ratio jaxops / ORT; cpu/wall: CPU seconds "
+           "per wall second (jaxops, ORT)", "",
+           "| model | threads | step | jaxops ms | ORT ms | ratio | cpu/wall |",
+           "|---|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['model']} | {r['threads']} | error: {r['error']} | | | | |")
+            continue
+        for kind in ("train", "forward"):
+            if kind in r:
+                (ours, theirs), (c_ours, c_theirs) = r[kind]
+                out.append(f"| {r['model']} | {r['threads']} | {kind} | {1e3 * ours:.2f} | "
+                           f"{1e3 * theirs:.2f} | {ours / theirs:.2f} | "
+                           f"{c_ours:.2f} {c_theirs:.2f} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -24,36 +24,31 @@ BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float32)
 LOSS_RTOL = 1e-2
 
 
-def _dtypes(fn, *args) -> collections.Counter:
-    """(primitive, output dtype) -> count over the jaxpr of fn(*args), nested jaxprs too."""
-    count = collections.Counter()
+def _eqns(fn, *args):
+    """The equations of fn(*args)'s jaxpr, nested jaxprs' too."""
+    out = []
 
     def walk(jaxpr):
         for e in jaxpr.eqns:
-            for v in e.outvars:
-                count[(e.primitive.name, str(v.aval.dtype))] += 1
+            out.append(e)
             for p in e.params.values():
                 inner = getattr(p, "jaxpr", None)
                 if inner is not None:
                     walk(getattr(inner, "jaxpr", inner))
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return count
+    return out
+
+
+def _dtypes(fn, *args) -> collections.Counter:
+    """(primitive, output dtype) -> count over the jaxpr of fn(*args), nested jaxprs too."""
+    return collections.Counter((e.primitive.name, str(v.aval.dtype))
+                               for e in _eqns(fn, *args) for v in e.outvars)
 
 
 def _dot_inputs(fn, *args) -> collections.Counter:
     """operand dtype -> count of dot_generals over the jaxpr of fn(*args), nested ones too."""
-    count = collections.Counter()
-
-    def walk(jaxpr):
-        for e in jaxpr.eqns:
-            if e.primitive.name == "dot_general":
-                count[str(e.invars[0].aval.dtype)] += 1
-            for p in e.params.values():
-                inner = getattr(p, "jaxpr", None)
-                if inner is not None:
-                    walk(getattr(inner, "jaxpr", inner))
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return count
+    return collections.Counter(str(e.invars[0].aval.dtype) for e in _eqns(fn, *args)
+                               if e.primitive.name == "dot_general")
 
 
 def test_rule_per_op_kind():

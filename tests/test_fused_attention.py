@@ -222,3 +222,18 @@ def test_probabilities_read_by_a_subgraph_are_left_alone():
     m.graph.input.append(vi("flag", TensorProto.BOOL, []))
     m.graph.output.append(vi("r_out", TensorProto.FLOAT))
     assert fuse_attention(m.graph, 17) is m.graph
+
+
+def test_a_bias_made_by_a_matmul_is_ambiguous_and_left_alone():
+    """Add(MatMul, MatMul * c): either side could be the scores; nothing is fused."""
+    m = _attention(scale_node=("Mul", "c"))
+    add = helper.make_node("Add", ["x", "pb"], ["xb"])
+    nodes = [n for n in m.graph.node]
+    nodes.insert(2, helper.make_node("MatMul", ["pq", "pk"], ["pb"]))
+    nodes.insert(3, add)
+    nodes[4].input[0] = "xb"  # the Softmax reads the sum
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    m.graph.input.extend([vi("pq", TensorProto.FLOAT, [16, 4]), vi("pk", TensorProto.FLOAT, [4, 16])])
+    assert [n.op_type for n in m.graph.node][:5] == ["MatMul", "Mul", "MatMul", "Add", "Softmax"]
+    assert fuse_attention(m.graph, 17) is m.graph

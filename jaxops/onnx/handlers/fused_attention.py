@@ -87,13 +87,14 @@ class _Graph:
 
 def _scores_side(g, add):
     """(scores input, bias input) of Add(scaled scores, bias), or None: the scores side is the
-    one a MatMul, or a Div/Mul of one, produces."""
+    one a MatMul, or a Div/Mul of one, produces (both: which is which is not known, None)."""
+    sides = []
     for i in (0, 1):
         p = g.producer.get(add.input[i])
         inner = g.producer.get(p.input[0]) if _is(p, "Div") or _is(p, "Mul") else p
         if _is(inner, "MatMul"):
-            return add.input[i], add.input[1 - i]
-    return None
+            sides.append((add.input[i], add.input[1 - i]))
+    return sides[0] if len(sides) == 1 else None
 
 
 def _match(g: _Graph, softmax, opset: int):

@@ -284,14 +284,13 @@ class Module:
         packed = self.state._packed_state(self._trained)
         # the steps read neither the moments nor the step count: left out, they cost no
         # dispatch (and the count stays on the host)
+        args = (packed.static, packed.trained, packed.grads, packed.rest, inputs)
         if self._training:
-            outs, grads = self._train_step(packed.static, packed.trained, packed.grads,
-                                           packed.rest, inputs, np.bool_(self._reset))
+            outs, grads = self._train_step(*args, np.bool_(self._reset))
             self.state._set_packed(packed.replace(grads=grads))
             self._reset = False
         else:
-            outs = self._eval_step(packed.static, packed.trained, packed.grads, packed.rest,
-                                   inputs)
+            outs = self._eval_step(*args)
         return outs[0] if len(outs) == 1 else outs
 
     def train(self, mode: bool = True) -> Module:

@@ -13,9 +13,10 @@ its backward, when every intermediate value is used only inside the pattern, by 
 which run cuDNN's flash attention (jax.nn.dot_product_attention) on a GPU for bf16/f16 operands
 of a head size it takes, and elsewhere the graph's own formula, as the policy runs the nodes
 (bf16 products, the softmax in float32). The backward node takes the forward's operands and
-differentiates the same call (jax.vjp); XLA merges the forward it repeats with the forward
-node's. cuDNN keeps scores and probabilities in float32 inside the kernel and rounds the
-probabilities to bf16 before the product with V, as the policy's own MatMul reads them. An
+differentiates the same call (jax.vjp), so the forward runs twice on a GPU (the forward node's
+call and cuDNN's training forward inside the vjp: 2 forwards and 1 backward a layer). cuDNN
+keeps scores and probabilities in float32 inside the kernel and rounds the probabilities to
+bf16 before the product with V, as the policy's own MatMul reads them. An
 additive mask or bias between the scale and the softmax (Add) is taken along when nothing
 trains it (its gradient would read the softmax's); dropout on the probabilities, or an
 intermediate used elsewhere, leaves the pattern as written.
@@ -144,6 +145,15 @@ def _match(g: _Graph, softmax, opset: int):
     return [fwd, bwd], replaced + grad_nodes
 
 
+def _past_identities(g, value, nodes):
+    """The value after a chain of Identity nodes each read only by the next (appended to
+    nodes)."""
+    while (step := g.only_consumer(value)) is not None and _is(step, "Identity"):
+        nodes.append(step)
+        value = step.output[0]
+    return value
+
+
 def _match_backward(g, users, forward, probs, q, kt, v, c, scale_op):
     """ORT's gradient of the forward: (its nodes, [dQ, dKT, dV], dO), or None."""
     rest = [n for n in users if n is not forward]
@@ -159,21 +169,15 @@ def _match_backward(g, users, forward, probs, q, kt, v, c, scale_op):
             or g.only_consumer(sgrad.input[0]) is not sgrad):
         return None
     nodes = [dv, da, sgrad]
-    value = sgrad.output[0]
     # the mask's Add passes the gradient on as is (an Identity); a bias that is trained would
     # also read it (a second consumer: no match)
-    while (step := g.only_consumer(value)) is not None and _is(step, "Identity"):
-        nodes.append(step)
-        value = step.output[0]
+    value = _past_identities(g, sgrad.output[0], nodes)
     if scale_op:  # the scale's gradient: the same op by the same scalar
         unscale = g.only_consumer(value)
         if not _is(unscale, scale_op) or list(unscale.input) != [value, c]:
             return None
         nodes.append(unscale)
-        value = unscale.output[0]
-    while (step := g.only_consumer(value)) is not None and _is(step, "Identity"):
-        nodes.append(step)
-        value = step.output[0]
+        value = _past_identities(g, unscale.output[0], nodes)
     users = g.consumers.get(value, [])
     dq = [n for n in users if _fused_matmul(n, 0, 1) and list(n.input) == [value, kt]]
     dkt = [n for n in users if _fused_matmul(n, 1, 0) and list(n.input) == [q, value]]

@@ -3,6 +3,7 @@ XLA-coded optimizers (Adam, SGD, LAMB, InplaceClipGradNorm) against the spec's f
 dtypes, jit, donation/aliasing, vmap, sharding, bad input (jit and JAXOPS_DISABLE of the ops
 with a row there: the op matrix, tests/test_op_matrix.py)."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -620,6 +621,33 @@ def test_lamb_without_new_gradients(rng, gdtype):
                              new_gradients=False)
     assert all(out[2 + 5 * i] is None for i in range(len(groups)))
     assert "jaxops_lamb_optimizer" in hlo
+
+
+@pytest.mark.parametrize("new_gradients", [False, True])
+def test_lamb_reference_donated_updates_in_place(rng, new_gradients):
+    """The XLA path (jaxops.optim.lamb's update, f64, vmap) donated: every output aliases its
+    input and the executable copies nothing, with a traced update_signal too. The moments'
+    finite masks read w, and they read g: unordered against the overwrites, XLA copied each
+    weight (and each gradient when new gradients are written) first."""
+    groups = _lamb_groups(rng, jnp.float32, shapes=((4, 3), (7,), (4, 3)))
+    flat = [x for grp in groups for x in grp[:4]]  # w, g, m1, m2 a group: the results' order
+
+    def step(signal, *flat):
+        groups = [x for i in range(0, len(flat), 4) for x in (*flat[i:i + 4], None)]
+        return ops.lamb_optimizer.reference(signal, None, None, jnp.float32(0.1), jnp.asarray(3),
+                                            *groups, new_gradients=new_gradients,
+                                            **{"lambda": 0.01})[1:]
+    donated = [1 + i for i in range(len(flat)) if new_gradients or i % 4 != 1]
+    fn = jax.jit(step, donate_argnums=donated)
+    text = fn.lower(jnp.asarray(True), *flat).compile().as_text()
+    aliases = re.findall(r"\{(\d+)\}: \((\d+), \{\}", text.split("\n", 1)[0])
+    assert [int(i) for _, i in aliases] == donated  # each result on its own input
+    assert " copy(" not in text[text.index("\nENTRY"):]
+    out = fn(jnp.asarray(True), *[jnp.copy(x) for x in flat])
+    for a, e in zip(out, jax.jit(step)(jnp.asarray(True), *flat)):  # not donated
+        assert (a is None) == (e is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, e)
 
 
 @pytest.mark.parametrize("gdtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])

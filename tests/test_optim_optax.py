@@ -293,11 +293,13 @@ def _entry(tx, path, params, g):
 
 
 @pytest.mark.parametrize("name,path", [("adamw", "update"), ("adamw", "step"),
-                                       ("lamb", "step"), ("sgd", "update"), ("sgd", "step")])
+                                       ("lamb", "update"), ("lamb", "step"), ("sgd", "update"),
+                                       ("sgd", "step")])
 def test_donated_step_copies_nothing_as_optax(name, path):
     """A donated step updates every buffer in place as optax's does: the same leaves, every
     state and param output aliased to its input, and no copy in the executable (a plain
-    `count + 1` made XLA copy the donated count before overwriting it: one more op a call)."""
+    `count + 1` made XLA copy the donated count before overwriting it: one more op a call;
+    LAMB's update copied every weight, which its moments' finite masks read)."""
     params, loss = _problem(jnp.float32)
     g = jax.grad(loss)(params)
     ours = getattr(jo, name)(LR)

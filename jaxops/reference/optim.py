@@ -4,6 +4,7 @@ Written from the spec (`ort-training-ops.md`, Optimizers; Mixed precision / scal
 in f32 (f64 for f64 inputs); results are cast back to their input's dtype. Sequence inputs are
 lists; results are returned as ORT orders them (lists for sequence outputs).
 """
+import jax
 import jax.numpy as jnp
 
 from jaxops.reference.scaling import acc_dtype
@@ -155,14 +156,20 @@ def lamb_optimizer(update_signal, loss_scale, gradient_norm, R, step, groups, *,
         ratio = jnp.clip(wn / jnp.where(dn == 0, 1, dn), ratio_min, ratio_max)
         ratio = eta * jnp.where((wn != 0) & (dn != 0), ratio, 1)
         delta = -ratio * d
-        new_w = wv + delta
-        ok = jnp.isfinite(new_w)
-        new_w = jnp.where(ok, new_w, wv)
-        new_g = jnp.where(ok, delta, 0)
-        new_w = _keep_if(signal, new_w, w)
+        ok = jnp.isfinite(wv + delta)
+        m1n, m2n = _keep_if(signal, m1n, m1), _keep_if(signal, m2n, m2)
+        # A donated input is updated in place only if every other output has read it first:
+        # the moments read g, the moments and new g read w (their finite masks). Nothing in
+        # the data flow orders those reads before the overwrite, so XLA copied each such
+        # input (one more pass over the weights a step, seen on XLA:CPU); the barriers order
+        # them. XLA still prunes the outputs a caller drops.
+        m1n, m2n, g = jax.lax.optimization_barrier((m1n, m2n, g))
+        new_g = _keep_if(signal, jnp.where(ok, delta, 0), g)
+        new_g, m1n, m2n, w = jax.lax.optimization_barrier((new_g, m1n, m2n, w))
+        wv = _up(w)
+        new_w = _keep_if(signal, jnp.where(ok, wv + delta, wv), w)
         new_mpw = None if mpw is None else _keep_if(signal, new_w.astype(mpw.dtype), mpw)
-        out.append((new_w, _keep_if(signal, new_g, g), _keep_if(signal, m1n, m1),
-                    _keep_if(signal, m2n, m2), new_mpw))
+        out.append((new_w, new_g, m1n, m2n, new_mpw))
     new_step = None
     if step is not None:
         new_step = jnp.where(signal, step + 1, step).astype(step.dtype)

@@ -28,8 +28,10 @@ def conv(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
     dilations = list(dilations or [1] * nd)
     padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
     _dims(nd)  # rank check
-    # grouped and depthwise: a formulation that XLA:CPU runs well, on the CPU only
-    y = conv_general(x, w.astype(x.dtype), strides, padding, dilations, group, precision=None)
+    # grouped, depthwise, 1x1 and stem convolutions: a formulation that XLA:CPU runs well, on
+    # the CPU only (the gradient of a training graph is ConvGrad's, which keeps XLA's dense ones)
+    y = conv_general(x, w.astype(x.dtype), strides, padding, dilations, group, precision=None,
+                     dense=True)
     if b is not None:
         y = y + b.reshape((-1,) + (1,) * nd)
     return y

@@ -24,8 +24,10 @@ def batch_norm(ctx, x, scale, b, mean, var, *, epsilon=1e-5, momentum=0.9, train
         run_mean = mean * momentum + bmean * (1 - momentum)
         run_var = var * momentum + bvar * (1 - momentum)
         return (y.astype(x.dtype), run_mean.astype(mean.dtype), run_var.astype(var.dtype))
-    y = (x - _bcast(mean, x)) / jnp.sqrt(_bcast(var, x) + epsilon) * _bcast(scale, x) + _bcast(b, x)
-    y = y.astype(x.dtype)
+    # one factor a channel, as ORT computes it: a divide per element cost XLA:CPU 5-10% of a
+    # small CNN's forward (RegNet's 1.58x ORT's time -> 1.40x, one core)
+    k = scale / jnp.sqrt(var + epsilon)
+    y = ((x - _bcast(mean, x)) * _bcast(k, x) + _bcast(b, x)).astype(x.dtype)
     return y if ctx.num_outputs == 1 else (y,) + (mean, var)[: ctx.num_outputs - 1]
 
 

@@ -171,7 +171,13 @@ def _trained(name, threads, reps, ort):
     for _ in range(3):
         ours_eval()
         theirs_eval()
-    return {"train": train, "forward": _timed([ours_eval, theirs_eval], reps)}
+    row = {"train": train, "forward": _timed([ours_eval, theirs_eval], reps)}
+    # ORT's pybind Module/Optimizer keep a raw pointer to their CheckpointState (no reference)
+    # and ~Module writes through it: they go first. At return Python frees the locals first,
+    # the state before the closures' Module, and that write landed in freed memory (glibc
+    # aborted "corrupted size vs. prev_size" where jax shared the process: scratch A/B runs).
+    ort_opt = ort_module = None  # the closures hold them: released here, before the state
+    return row
 
 
 def _forward_only(name, threads, reps, ort):

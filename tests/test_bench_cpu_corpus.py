@@ -18,3 +18,54 @@ def test_rows_become_a_table_that_bench_all_keeps():
     assert "| gpt2_ts | 1 | forward | 0.50 | 1.00 | 0.50 |" in kept
     assert "| bad_ts | all | error: ValueError: x |" in kept
     assert "gpt2_ts   1  train" not in kept  # the fixed-width lines are not tables
+
+
+def test_ort_module_goes_before_its_checkpoint_state(monkeypatch):
+    """ORT's pybind Module/Optimizer hold a raw pointer to their CheckpointState and ~Module
+    writes through it: _trained must release them before the state. Freed the other way round
+    (Python clears a returning frame's locals before the closures' cells), that write landed in
+    freed memory, and glibc aborted ("corrupted size vs. prev_size") in A/B scripts built the
+    same way with jax in the process. Fakes for both libraries record the order."""
+    import types
+
+    import jaxops.onnx.training as training
+    freed = []
+
+    class Tracked:
+        def __init__(self, kind, *args):
+            self.kind = kind
+
+        def __del__(self):
+            freed.append(self.kind)
+
+        def __getattr__(self, name):  # train_step, optimizer_step, set_learning_rate, ...
+            return lambda *a, **k: None
+
+    class Device:
+        cpu = default_memory = staticmethod(lambda: 0)
+
+        def __init__(self, *args):
+            pass
+
+    ort = types.SimpleNamespace(
+        OrtDevice=Device, SessionOptions=lambda: None, OrtValueVector=list,
+        load_checkpoint=lambda path: Tracked("state"),
+        Module=lambda *a: Tracked("module"), Optimizer=lambda *a: Tracked("optimizer"))
+
+    class Ours:  # jaxops' side: a no-op Module, Optimizer and state
+        def __init__(self, *args):
+            pass
+
+        def __call__(self, *inputs):
+            return None
+
+        load_checkpoint = staticmethod(lambda path: Ours())
+        block_until_ready = set_learning_rate = step = lazy_reset_grad = eval = __call__
+        input_names = staticmethod(lambda: [])
+
+    for name in ("CheckpointState", "Module", "Optimizer"):
+        monkeypatch.setattr(training, name, Ours)
+    row = cpu_corpus._trained("gpt2_ts", "all", 1, ort)
+    assert set(row) == {"train", "forward"}
+    assert sorted(freed) == ["module", "optimizer", "state"]
+    assert freed.index("state") > max(freed.index("module"), freed.index("optimizer"))

@@ -406,7 +406,9 @@ class Program:
             from jaxops.onnx.handlers.p2p import pair_transfers  # Send/Recv run as pairs
 
             graph = model.graph
-            if self.precision == "bf16" and not disabled("fused_attention"):
+            # bf16 anywhere (cuDNN on a GPU); float32 on a GPU (a Pallas flash attention)
+            if ((self.precision == "bf16" or jax.default_backend() == "gpu")
+                    and not disabled("fused_attention")):
                 graph = fuse_attention(graph, self.opsets.get("", 1))
             self._main = self._plan(pair_transfers(graph), frozenset(), self.opsets, top=True)
         except RecursionError:

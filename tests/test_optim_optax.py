@@ -292,9 +292,15 @@ def _entry(tx, path, params, g):
     return text[text.index("\nENTRY"):], len(re.findall(r"\{\d+\}: \(\d+, \{\}", header))
 
 
+# on a GPU LAMB's update copies its donated moments (H100, jax 0.11.2: 6 copies for the 3
+# tensors here; not traced yet): known, open in #24
+_GPU_COPIES = pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
+                                reason="XLA:GPU copies LAMB's donated moments (open in #24)")
+
+
 @pytest.mark.parametrize("name,path", [("adamw", "update"), ("adamw", "step"),
-                                       ("lamb", "update"), ("lamb", "step"), ("sgd", "update"),
-                                       ("sgd", "step")])
+                                       pytest.param("lamb", "update", marks=_GPU_COPIES),
+                                       ("lamb", "step"), ("sgd", "update"), ("sgd", "step")])
 def test_donated_step_copies_nothing_as_optax(name, path):
     """A donated step updates every buffer in place as optax's does: the same leaves, every
     state and param output aliased to its input, and no copy in the executable (a plain

@@ -112,9 +112,10 @@ def test_forward_matches_the_written_out_graph(monkeypatch, scale_node, mask):
     assert not np.array_equal(got, want)  # computed in bfloat16: the policy acted
 
 
-def test_scale_known_only_at_run_time_runs_the_written_out_formula():
-    """c a graph input traced by jit: no static scale for the fused call, the graph's formula
-    (same values as the unfused bf16 graph)."""
+def test_scale_known_only_at_run_time_is_folded_into_q():
+    """c a graph input traced by jit (as an initializer passed as an argument is): no static
+    scale for the fused kernels, so on a GPU Q is scaled first; the values of the unfused bf16
+    graph (on the CPU, its formula)."""
     m = _attention(scale_node=("Div", "cin"))
     m.graph.input.append(vi("cin", TensorProto.FLOAT, []))
     q, kt, v = _inputs(np.random.default_rng(1))

@@ -213,7 +213,7 @@ def _scale(c, scale_op, label):
     if not scale_op:
         return 1.0
     if not isinstance(c, (np.ndarray, np.generic, float, int)) or np.size(c) != 1:
-        return None  # known only at run time: the written-out formula below
+        return None  # known only at run time
     c = float(np.asarray(c).reshape(()))
     if scale_op == "Div" and c == 0:
         raise ValueError(f"{label}: attention scores divided by 0")
@@ -286,6 +286,12 @@ def _attend(q, kt, v, c, scale_op, label, bias=None):
         raise ValueError(f"{label}: Q, K^T and V must share a rank of 3 or 4, got {q.shape}, "
                          f"{kt.shape}, {v.shape}")
     scale = _scale(c, scale_op, label)
+    if scale is None and jnp.size(c) == 1 and jax.default_backend() == "gpu":
+        # a scale known only at run time (an initializer jit passes as an argument): folded
+        # into Q, so the fused kernels keep a static one (one more rounding of Q in bf16)
+        c = jnp.reshape(c, ()).astype(jnp.float32)
+        q = (q * (1 / c if scale_op == "Div" else c)).astype(q.dtype)
+        c, scale_op, scale = None, "", 1.0
     q4, k4, v4 = (x if x.ndim == 4 else x[None] for x in (q, jnp.swapaxes(kt, -1, -2), v))
     scores = (*q4.shape[:3], k4.shape[2])
     b = None if bias is None else _as_bnts(bias.astype(q.dtype), scores)

@@ -11,8 +11,9 @@ For each export of tests/data/corpus (tools/make_corpus.py's small configuration
            onnxruntime-training's Module/Optimizer (the pybind layer: onnxruntime.training.api
            itself imports torch) on CPU. Only exports that ORT 1.19.2 can train.
   forward  the eval model (jaxops Module.eval() vs ORT's eval_step); for the exports ORT cannot
-           train (forward_only in the manifest), forward.onnx: jax.jit of jaxops.onnx.load's
-           program vs an InferenceSession.
+           train (forward_only in the manifest), forward.onnx: `jaxops.onnx.load(path).jit()`
+           (the jitted forward, its params on the device and closed over) vs an
+           InferenceSession.
 
 Times are medians of --reps calls after warm-up, jaxops and ORT interleaved call by call in one
 process (this machine's load moves both alike). Each thread setting runs in its own subprocess:
@@ -188,14 +189,14 @@ def _forward_only(name, threads, reps, ort):
     path = CORPUS / name / "forward.onnx"
     _, inputs, _ = _inputs(name)
     program = load(str(path))
-    run = jax.jit(program.run)
+    forward = program.jit()  # the params fixed and on the device: a call takes the inputs
     import onnxruntime
     sess = onnxruntime.InferenceSession(str(path), _session_options(onnxruntime, threads),
                                         providers=["CPUExecutionProvider"])
     feed = dict(zip([i.name for i in sess.get_inputs()], inputs))
 
     def ours():
-        jax.block_until_ready(run(program.params, *inputs))
+        jax.block_until_ready(forward(*inputs))
 
     def theirs():
         sess.run(None, feed)

@@ -79,6 +79,53 @@ def test_keyword_inputs_and_call_errors():
         p({**p.params, "extra": W}, x)
 
 
+def test_params_on_the_device_and_the_jitted_forward():
+    p = load(scale_model())
+    assert isinstance(p.params["w"], jax.Array)  # placed once, at load
+    x = np.full((2, 3), 2.0, np.float32)
+    forward = p.jit()
+    np.testing.assert_allclose(forward(x)[0], 2 * W, rtol=1e-6)
+    np.testing.assert_allclose(forward(x=x)[1], 2 * W.sum(), rtol=1e-6)
+    # the params are closed over: the jitted function's only argument is the input
+    assert len(jax.tree_util.tree_leaves(forward.lower(x).args_info)) == 1
+    # params of the user's: numpy, or a pytree they changed, through jit() and run()
+    mine = {"w": 3 * W}
+    np.testing.assert_allclose(p.jit(mine)(x)[0], 6 * W, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(p.run)(mine, x)[0], 6 * W, rtol=1e-6)
+    changed = jax.tree_util.tree_map(lambda v: v + 1, p.params)
+    np.testing.assert_allclose(p(changed, x)[0], 2 * (W + 1), rtol=1e-6)
+    with pytest.raises(OnnxImportError, match="lacks initializer"):
+        p.jit({})
+    with pytest.raises(OnnxImportError, match="does not"):
+        p.jit({"w": W, "extra": W})
+    p.params = mine
+    np.testing.assert_allclose(p.jit()(x)[0], 6 * W, rtol=1e-6)
+    # loaded inside a trace, the params are still placed as arrays (no leaked tracer)
+    loaded = []
+
+    def load_and_run(x):
+        loaded.append(load(scale_model()))
+        return loaded[0](loaded[0].params, x)[0]
+    np.testing.assert_allclose(jax.jit(load_and_run)(x), 2 * W, rtol=1e-6)
+    assert not isinstance(loaded[0].params["w"], jax.core.Tracer)
+    np.testing.assert_allclose(loaded[0](loaded[0].params, x)[0], 2 * W, rtol=1e-6)
+
+
+def test_params_jax_would_narrow_stay_numpy():
+    m = tmodel([tnode("Mul", ["x", "w"], ["y"]), tnode("Mul", ["x", "v"], ["z"])], ["x"],
+               ["y", "z"], {"w": W.astype(np.float64), "v": W})
+    with jax.enable_x64(False):
+        p = load(m)
+        assert list(p.params) == ["w", "v"]
+        assert isinstance(p.params["w"], np.ndarray) and p.params["w"].dtype == np.float64
+        assert isinstance(p.params["v"], jax.Array) and p.params["v"].dtype == np.float32
+        y, z = p.jit()(np.ones((2, 3), np.float32))
+        np.testing.assert_allclose(y, W, rtol=1e-6)
+        np.testing.assert_allclose(z, W, rtol=1e-6)
+    p = load(m)  # with 64-bit types on, float64 is jax's own
+    assert isinstance(p.params["w"], jax.Array) and p.params["w"].dtype == np.float64
+
+
 def test_jit_grad_vmap():
     p = load(scale_model())
     x = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)

@@ -3,11 +3,12 @@
     program = jaxops.onnx.load("model.onnx")
     outputs = program(program.params, x)            # or program(program.params, input_name=x)
     grads = jax.grad(lambda p: loss(program(p, x)))(program.params)
+    forward = program.jit()                          # inference: y = forward(x), params fixed
 
-Float initializers become `program.params` (a dict pytree); integer and bool initializers and
-Constant nodes stay numpy, so shape arithmetic (Shape -> Gather -> Concat -> Reshape) resolves
-while tracing. ai.onnx nodes run through the handlers in `jaxops.onnx.handlers`, com.microsoft
-nodes through `jaxops.ops.ORT_OPS`.
+Float initializers become `program.params` (a dict pytree of device arrays); integer and bool
+initializers and Constant nodes stay numpy, so shape arithmetic (Shape -> Gather -> Concat ->
+Reshape) resolves while tracing. ai.onnx nodes run through the handlers in
+`jaxops.onnx.handlers`, com.microsoft nodes through `jaxops.ops.ORT_OPS`.
 """
 from jaxops.onnx.errors import OnnxImportError
 from jaxops.onnx.loader import load, read_model

@@ -1,6 +1,8 @@
 """ops.conv.windowed_conv, the grouped/depthwise convolution that jaxops runs on the CPU (ConvGrad,
 ConvTransposeGrad, the importer's Conv/ConvTranspose): the same values and gradients as
 lax.conv_general_dilated, under jit and vmap; chosen when lowering for the CPU only."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,8 @@ from jax import lax
 from jax.test_util import check_grads
 
 from jaxops import ops
-from jaxops.ops.conv import conv_general, windowed_conv
+from jaxops.ops.conv import (conv_general, depthwise_conv_dw, grouped_conv_dx,
+                             windowed_conv)
 
 # (x shape, w shape, strides, padding, dilations, group, lhs_dilation)
 CASES = [
@@ -102,18 +105,76 @@ def test_platform_choice(case):
     assert "conditional" not in _lowered("compiled cpu", case)
 
 
-def test_dense_conv_grad_stays_xla_on_the_cpu():
-    """A dense ConvGrad is XLA's convolutions on the CPU too (conv_general's docstring)."""
-    xs = (2, 3, 16, 16)
+def _conv_grad_lowered(xs, ws, outputs, platform="cpu", **attrs):
     x = jax.ShapeDtypeStruct(xs, jnp.float32)
-    w = jax.ShapeDtypeStruct((4, xs[1], 3, 3), jnp.float32)
-    dy = jax.ShapeDtypeStruct((xs[0], 4, xs[2] - 2, xs[3] - 2), jnp.float32)
+    w = jax.ShapeDtypeStruct(ws, jnp.float32)
+    strides = attrs.get("strides") or (1, 1)
+    pads = attrs.get("pads") or (0, 0, 0, 0)
+    out = [(i + pads[k] + pads[k + 2] - ws[2 + k]) // strides[k] + 1 for k, i in enumerate(xs[2:])]
+    dy = jax.ShapeDtypeStruct((xs[0], ws[0], *out), jnp.float32)
+    f = jax.jit(lambda *a: ops.conv_grad(*a, outputs=outputs, **attrs))
+    return f.trace(dy, x, w).lower(lowering_platforms=(platform,)).as_text()
 
-    def lowered(outputs):
-        f = jax.jit(lambda *a: ops.conv_grad(*a, outputs=outputs))
-        return f.trace(dy, x, w).lower(lowering_platforms=("cpu",)).as_text()
-    assert "convolution" in lowered((False, True, False))
-    assert "convolution" in lowered((True, False, False))
+
+def test_dense_conv_grad_stays_xla_on_the_cpu():
+    """A dense ConvGrad is XLA's convolutions on the CPU too (conv_general's docstring), but
+    for the 1x1, image-stem and patchify ones, whose windowed forms are matmuls there."""
+    xs, ws = (2, 4, 16, 16), (4, 4, 3, 3)  # 4 channels x 9 taps: no stem
+    assert "convolution" in _conv_grad_lowered(xs, ws, (False, True, False))
+    assert "convolution" in _conv_grad_lowered(xs, ws, (True, False, False))
+    for xs, ws, attrs in [((2, 3, 16, 16), (8, 3, 3, 3), {"strides": [2, 2], "pads": [1] * 4}),
+                          ((2, 16, 8, 8), (8, 16, 1, 1), {"strides": [2, 2]}),
+                          ((2, 3, 16, 16), (8, 3, 4, 4), {"strides": [4, 4]})]:
+        assert "convolution" not in _conv_grad_lowered(xs, ws, (True, True, False), **attrs)
+        assert "convolution" in _conv_grad_lowered(xs, ws, (True, True, False), "cuda", **attrs)
+
+
+GROUPED = [c for c in CASES if c[5] > 1]
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=[IDS[CASES.index(c)] for c in GROUPED])
+def test_transposes_written_out(rng, case):
+    """grouped_conv_dx (and depthwise_conv_dw for a depthwise case) are windowed_conv's
+    transposes in x and w (strided, dilated, channel multiplier, lhs-dilated, cropped, 1-3
+    spatial dims)."""
+    x, w = inputs(rng, case)
+    y, vjp = jax.vjp(lambda x, w: windowed_conv(x, w, *case[2:]), x, w)
+    dy = jnp.asarray(rng.standard_normal(y.shape))
+    want_x, want_w = vjp(dy)
+    strides, padding, dilations, group, lhs_dilation = case[2:]
+    got_x = grouped_conv_dx(dy, w, x.shape, strides, padding, dilations, group, lhs_dilation)
+    np.testing.assert_allclose(got_x, want_x, rtol=1e-12, atol=1e-12)
+    if w.shape[1] == 1:
+        got_w = depthwise_conv_dw(dy, x, w.shape[2:], strides, padding, dilations, lhs_dilation)
+        np.testing.assert_allclose(got_w, want_w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float64, 1e-12), (jnp.float16, 2e-3)],
+                         ids=["f64", "f16"])
+def test_depthwise_conv_grad_on_the_cpu(rng, dtype, tol):
+    """ConvGrad of a strided depthwise convolution runs the written-out transposes on the CPU
+    (no interior padding: jax's transpose of the strided slices pads with it) and gives jax's
+    gradient of XLA's convolution, differentiable again."""
+    xs, ws = (2, 6, 9, 8), (12, 1, 5, 3)
+    attrs = {"group": 6, "strides": [2, 3], "pads": [2, 1, 1, 0]}
+    padding = [(2, 1), (1, 0)]
+    x = jnp.asarray(rng.standard_normal(xs), dtype)
+    w = jnp.asarray(rng.standard_normal(ws), dtype)
+    f32 = lambda a: a.astype(jnp.float32) if dtype == jnp.float16 else a
+    y, vjp = jax.vjp(lambda x, w: xla_conv(x, w, (2, 3), padding, (1, 1), 6, None), f32(x), f32(w))
+    dy = jnp.asarray(rng.standard_normal(y.shape), dtype)
+    dx, dw, db = ops.conv_grad(dy, x, w, **attrs)
+    for got, want in zip((dx, dw), vjp(f32(dy))):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.float64(got), np.float64(want), rtol=tol,
+                                   atol=tol * float(jnp.abs(want).max()))
+    text = jax.jit(lambda *a: ops.conv_grad(*a, **attrs)).lower(dy, x, w).as_text()
+    assert "convolution" not in text
+    interiors = re.findall(r"interior = (?:array<i64: )?\[?([-\d, ]*)", text)
+    assert interiors and not any(set(i.replace(",", " ").split()) - {"0"} for i in interiors)
+    if dtype == jnp.float64:
+        check_grads(lambda dy, w: ops.conv_grad(dy, x, w, **attrs)[0], (dy, w), order=2,
+                    modes=("rev", "fwd"))
 
 
 def test_depthwise_sum_is_materialized_once(rng):

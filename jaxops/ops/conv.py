@@ -9,8 +9,11 @@ per output, ORT order, default all True) says which are wanted; an unwanted outp
 returned as None and never computed. dX and dW are the transposes of the forward
 convolution (`jax.linear_transpose`): on a GPU XLA's own convolution-backward convolutions;
 lowered for the CPU, where XLA's grouped convolutions are slow, grouped convolutions are
-transposes of windowed_conv (slices and matmuls) instead. dB = sum of dY over batch and
-spatial dims. f16/bf16 convolve with f32 accumulation and are rounded once.
+transposes of windowed_conv (slices and matmuls) instead, and so are the dense ones that
+windowed_conv runs faster there (conv_general's dense: 1x1, image stems, patchify); a
+grouped one's dX there and a depthwise one's dW are written out (grouped_conv_dx,
+depthwise_conv_dw), faster than jax's transposes. dB = sum of dY over batch and spatial
+dims. f16/bf16 convolve with f32 accumulation and are rounded once.
 
 Being XLA code, both ops support jit, vmap, gradients of any order and sharding (a
 batch-sharded dY/X gives dW and dB by an all-reduce, never an all-gather) with no extra rules,
@@ -141,6 +144,94 @@ def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, p
     return y.astype(dtype)
 
 
+def grouped_conv_dx(dy, w, x_shape, strides, padding, dilations, group, lhs_dilation=None):
+    """The transpose in x of windowed_conv's grouped or depthwise convolution (group > 1) at
+    dy [N, O, out...]: dx [N, C, ...x_shape] in dy's dtype.
+
+    jax's own transpose of the strided window slices pads each tap's term back with interior
+    padding and XLA:CPU sums the k padded terms inside one loop, computing each term's index
+    arithmetic at every pixel (EfficientNet's 5x5 stride-2 depthwise: 130 us). Here the padded
+    input is split into its stride phases: a phase is a stride-1 sum over the taps that land
+    on it (a 2x2 stride: a quarter of them), and the phases interleave by one reshape."""
+    n = dy.ndim - 2
+    n_batch, c_out = dy.shape[:2]
+    c_in, kernel, out = x_shape[1], w.shape[2:], dy.shape[2:]
+    lhs_dilation = tuple(lhs_dilation or (1,) * n)
+    padded = [(i - 1) * ld + 1 + lo + hi for i, ld, (lo, hi)
+              in zip(x_shape[2:], lhs_dilation, padding)]
+    phase = [-(-p // s) for p, s in zip(padded, strides)]  # pixels a phase, per dim
+    # each dim's taps by phase: (tap, its shift in dy) = (k, (k * dilation - phase) / stride)
+    taps = [[[(k, (k * d - r) // s) for k in range(ks) if (k * d - r) % s == 0]
+             for r in range(s)] for ks, d, s in zip(kernel, dilations, strides)]
+    flat = [math.prod(kernel[i + 1:]) for i in range(n)]
+    if w.shape[1] == 1:  # depthwise: each tap's term is dy (padded once, sliced) times w_k
+        low = [max((t for ph in dim for _, t in ph), default=0) for dim in taps]
+        dyp = lax.pad(dy, jnp.zeros((), dy.dtype), [(0, 0, 0)] * 2 + [
+            (lo, max(0, m - o), 0) for lo, m, o in zip(low, phase, out)])
+        w, c_terms = w.reshape(c_out, -1), c_out
+
+        def term(k, shifts):
+            start = [0, 0] + [lo - t for lo, t in zip(low, shifts)]
+            win = lax.slice(dyp, start, [n_batch, c_out, *(b + m for b, m in
+                                                          zip(start[2:], phase))])
+            return win * w[:, k].reshape((c_out,) + (1,) * n)
+    else:  # each tap's patch gradient (one batched matmul), shifted into its phase
+        c_group, o_group, c_terms = c_in // group, c_out // group, c_in
+        dpatch = lax.dot_general(dy.reshape(n_batch, group, o_group, -1),
+                                 w.reshape(group, o_group, -1), (((2,), (1,)), ((1,), (0,))),
+                                 precision=lax.Precision.HIGHEST)
+        # [G, N, P, C/G * K] -> [K, N, C, out...]
+        dpatch = dpatch.reshape(group, n_batch, -1, c_group, math.prod(kernel))
+        dpatch = jnp.transpose(dpatch, (4, 1, 0, 3, 2)).reshape(-1, n_batch, c_in, *out)
+
+        def term(k, shifts):
+            return lax.pad(dpatch[k], jnp.zeros((), dy.dtype), [(0, 0, 0)] * 2 + [
+                (t, m - o - t, 0) for t, m, o in zip(shifts, phase, out)])
+    phases = []
+    for r in itertools.product(*(range(s) for s in strides)):
+        acc = None
+        for combo in itertools.product(*(taps[i][r[i]] for i in range(n))):
+            t = term(sum(k * f for (k, _), f in zip(combo, flat)), [t for _, t in combo])
+            acc = t if acc is None else acc + t
+        if acc is None:
+            acc = jnp.zeros((n_batch, c_terms, *phase), dy.dtype)
+        if c_terms != c_in:  # depthwise with a channel multiplier
+            acc = acc.reshape(n_batch, c_in, -1, *phase).sum(axis=2)
+        phases.append(acc)
+    # [s..., N, C, m...] -> [N, C, m1, s1, m2, s2, ...]: the padded input's pixels
+    dxp = jnp.stack(phases).reshape(*strides, n_batch, c_in, *phase)
+    order = [n, n + 1] + [a for i in range(n) for a in (n + 2 + i, i)]
+    dxp = jnp.transpose(dxp, order).reshape(n_batch, c_in,
+                                            *(m * s for m, s in zip(phase, strides)))
+    dxp = lax.slice(dxp, [0] * dy.ndim, [n_batch, c_in, *padded])
+    pad = [(0, 0, 0)] * 2 + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)]
+    x = jax.ShapeDtypeStruct((n_batch, c_in, *x_shape[2:]), dy.dtype)
+    (dx,) = jax.linear_transpose(lambda v: lax.pad(v, jnp.zeros((), dy.dtype), pad), x)(dxp)
+    return dx
+
+
+def depthwise_conv_dw(dy, x, kernel, strides, padding, dilations, lhs_dilation=None):
+    """The transpose in w of windowed_conv's depthwise convolution at dy [N, C * m, out...]:
+    dw [C * m, 1, *kernel] in dy's dtype, one contraction of dy with the stacked windows of
+    the padded x (jax's transpose reduces each tap's product in a loop of its own)."""
+    n = dy.ndim - 2
+    lhs_dilation = tuple(lhs_dilation or (1,) * n)
+    n_batch, c_out = dy.shape[:2]
+    c_in = x.shape[1]
+    xp = lax.pad(x, jnp.zeros((), x.dtype),
+                 [(0, 0, 0)] * 2 + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)])
+    out = dy.shape[2:]
+    windows = []
+    for ks in itertools.product(*map(range, kernel)):
+        start = [0, 0] + [k * d for k, d in zip(ks, dilations)]
+        limit = [n_batch, c_in, *(b + (o - 1) * s + 1 for b, o, s in zip(start[2:], out, strides))]
+        windows.append(lax.slice(xp, start, limit, (1, 1, *strides)))
+    patches = jnp.stack(windows, axis=2).reshape(n_batch, c_in, len(windows), -1)
+    dw = jnp.einsum("ncop,nckp->cok", dy.reshape(n_batch, c_in, c_out // c_in, -1), patches,
+                    precision=lax.Precision.HIGHEST)
+    return dw.reshape(c_out, 1, *kernel)
+
+
 @functools.cache
 def _barrier_differentiates() -> bool:
     """Whether this jax differentiates and transposes lax.optimization_barrier (ConvGrad
@@ -167,17 +258,19 @@ def _out_sizes(padded, kernel, strides, dilations):
 def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
                  precision=lax.Precision.HIGHEST, dense=False):
     """lax.conv_general_dilated in ONNX layouts (NC..., OI...): XLA's convolution, except that
-    a grouped one lowered for the CPU is windowed_conv there. (A dense one stays XLA's: its
-    windowed filter gradient, 1.4-7x faster at the corpus's sizes, summed in another order and
-    moved ResNet's 5-step losses 4e-5 off ORT's on jax 0.8.)
+    a grouped one lowered for the CPU is windowed_conv there. (Other dense ones stay XLA's:
+    their windowed filter gradient, 1.4-7x faster at the corpus's sizes, summed in another
+    order and moved ResNet's 5-step losses 4e-5 off ORT's on jax 0.8.)
 
-    dense=True (the importer's Conv, whose gradient is ConvGrad's, not this one's): also the
-    dense convolutions that windowed_conv runs faster on the CPU, those where it is one matmul
-    of the input as it lies or of a small patch matrix: 1x1 unpadded (XLA transposes the
-    weight and the image to NHWC and back around each; a matmul reads them as they are) and
-    an image stem's (C_in * kernel <= 32; XLA:CPU runs a 3-channel 3x3 through its slow
-    generic loop). MobileNetV3's forward 15-25% faster on one core with them (measured
-    2026-11-24, /tmp/w/cmp2.py of that session)."""
+    dense=True (the importer's Conv and ConvGrad's forward): also the dense convolutions that
+    windowed_conv runs faster on the CPU, those where it is one matmul of the input as it lies
+    or of a small patch matrix: 1x1 unpadded (XLA transposes the weight and the image to NHWC
+    and back around each; a matmul reads them as they are), an image stem's (C_in * kernel
+    <= 32; XLA:CPU runs a 3-channel 3x3 through its slow generic loop) and non-overlapping
+    windows (patchify: the patches are the input reordered). MobileNetV3's forward 15-25%
+    faster on one core with the first two (measured 2026-11-24, /tmp/w/cmp2.py of that
+    session); their gradients in a training step: RegNet 0.81x, EfficientNet 0.87x the time,
+    the patchify ones ConvNeXt/Swin/ViT 0.87-0.91x (2026-11-24, one core, interleaved)."""
     n = x.ndim - 2
 
     def xla(x, w):
@@ -189,8 +282,8 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     padded = [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi)
               in zip(x.shape[2:], lhs_dilation or (1,) * n, padding)]
     out = _out_sizes(padded, w.shape[2:], strides, dilations)
-    if min(out) < 1 or (group == 1 and not (dense and _windowed_dense(x, w, padding,
-                                                                     dilations, lhs_dilation))):
+    if min(out) < 1 or (group == 1 and not (dense and _windowed_dense(
+            x, w, padding, dilations, lhs_dilation, strides))):
         return xla(x, w)
     # the platform is chosen when lowering: the compiler never sees a conditional
     return lax.platform_dependent(
@@ -198,25 +291,33 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
                                              lhs_dilation, precision), default=xla)
 
 
-def _windowed_dense(x, w, padding, dilations, lhs_dilation):
+def _windowed_dense(x, w, padding, dilations, lhs_dilation, strides):
     """Whether windowed_conv beats XLA:CPU at this group-1 convolution (conv_general's dense)."""
     if lhs_dilation is not None and any(d != 1 for d in lhs_dilation):
         return False
     kernel = w.shape[2:]
     if all(k == 1 for k in kernel) and all(p == (0, 0) for p in padding):
         return True
+    if all(d == 1 for d in dilations) and x.shape[1] * math.prod(kernel) <= 32:
+        return True
     # a 7x7 stem stays XLA's: its patch matrix cost more than XLA's convolution (231 vs 288 us)
-    return all(d == 1 for d in dilations) and x.shape[1] * math.prod(kernel) <= 32
+    return _patchify(w, strides, padding, dilations)
 
 
-def _conv(x, w, attrs, padding, *, lhs_dilation=None):
+def _patchify(w, strides, padding, dilations):
+    """Non-overlapping windows (strides == kernel, unpadded): the patches are x reordered."""
+    return (tuple(strides) == tuple(w.shape[2:]) and all(p == (0, 0) for p in padding)
+            and all(d == 1 for d in dilations))
+
+
+def _conv(x, w, attrs, padding, *, lhs_dilation=None, dense=False):
     """The forward convolution in x's dtype, accumulating f16/bf16 in f32. (The operands are
     cast up rather than given preferred_element_type: jax 0.8 cannot transpose that.)"""
     dtype = x.dtype
     acc = rules.compute_dtype(dtype)
     y = conv_general(x.astype(acc), w.astype(acc),
                      attrs.strides if lhs_dilation is None else (1,) * attrs.n, padding,
-                     attrs.dilations, attrs.group, lhs_dilation)
+                     attrs.dilations, attrs.group, lhs_dilation, dense=dense)
     return y.astype(dtype)
 
 
@@ -229,14 +330,23 @@ def _grads(dY, X, W, forward, wanted):
     dY, X, W = (mark_varying(a, axes - varying_axes(a)) for a in (dY, X, W))
     dX = dW = dB = None
     if want_x:
-        (dX,) = jax.linear_transpose(lambda x: forward(x, W), X)(dY)
+        dX = _cpu_or(getattr(forward, "dx", None),
+                     lambda dY, W: jax.linear_transpose(lambda x: forward(x, W), X)(dY)[0], dY, W)
     if want_w:
-        (dW,) = jax.linear_transpose(lambda w: forward(X, w), W)(dY)
+        dW = _cpu_or(getattr(forward, "dw", None),
+                     lambda dY, X: jax.linear_transpose(lambda w: forward(X, w), W)(dY)[0], dY, X)
     if want_b:
         acc = rules.compute_dtype(dY.dtype)
         axes = (0,) + tuple(range(2, dY.ndim))
         dB = jnp.sum(dY.astype(acc), axis=axes).astype(dY.dtype)
     return dX, dW, dB
+
+
+def _cpu_or(cpu, default, *args):
+    """cpu(*args) where lowered for the CPU (if the forward gives one), else default(*args)."""
+    if cpu is None:
+        return default(*args)
+    return lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
 def _transpose_padding(attrs, spatial, output_padding, output_shape):
@@ -276,7 +386,26 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
     attrs = _Attrs(X, W, auto_pad=auto_pad, dilations=dilations, group=group,
                    kernel_shape=kernel_shape, pads=pads, strides=strides, transpose=False)
     padding = attrs.conv_padding(X.shape[2:])
-    return lambda x, w: _conv(x, w, attrs, padding)
+
+    def forward(x, w):
+        # dense=True: the dense convolutions that windowed_conv runs faster on the CPU (1x1,
+        # image stems, patchify) are windowed there, so are their gradients (matmuls)
+        return _conv(x, w, attrs, padding, dense=True)
+    if attrs.group > 1:
+        # windowed_conv on the CPU: its transposes written out run faster there
+        def dx(dY, w):
+            acc = rules.compute_dtype(dY.dtype)
+            return grouped_conv_dx(dY.astype(acc), w.astype(acc), X.shape, attrs.strides,
+                                   padding, attrs.dilations, attrs.group).astype(X.dtype)
+        forward.dx = dx
+    if attrs.group > 1 and W.shape[1] == 1:
+
+        def dw(dY, x):
+            acc = rules.compute_dtype(dY.dtype)
+            return depthwise_conv_dw(dY.astype(acc), x.astype(acc), attrs.kernel, attrs.strides,
+                                     padding, attrs.dilations).astype(W.dtype)
+        forward.dw = dw
+    return forward
 
 
 def _conv_transpose_forward(X, W, auto_pad, dilations, group, kernel_shape, output_padding,

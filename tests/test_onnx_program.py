@@ -79,9 +79,28 @@ def test_keyword_inputs_and_call_errors():
         p({**p.params, "extra": W}, x)
 
 
+def test_small_float_initializers_stay_static():
+    """Float initializers go to the device at load, but small ones: a shape computed from one
+    (Cast to int64, then Reshape's shape) resolves under jit when program.params are closed
+    over, as Module's eval step and program.jit() do (as device arrays they were traced:
+    Swin's ScatterND)."""
+    nodes = [helper.make_node("Cast", ["s"], ["si"], to=TensorProto.INT64),
+             helper.make_node("Add", ["x", "b"], ["xb"]),
+             helper.make_node("Reshape", ["xb", "si"], ["y"])]
+    m = model(nodes, [vi("x", TensorProto.FLOAT, [10, 12])],
+              [vi("y", TensorProto.FLOAT, [8, 15])],
+              initializers={"s": np.array([8.0, 15.0], np.float32),
+                            "b": np.ones((10, 12), np.float32)})
+    p = load(m)
+    assert isinstance(p.params["s"], np.ndarray) and isinstance(p.params["b"], jax.Array)
+    x = np.arange(120, dtype=np.float32).reshape(10, 12)
+    assert jax.jit(lambda x: p(p.params, x))(x).shape == (8, 15)  # one output: the array
+    np.testing.assert_array_equal(p.jit()(x), (x + 1).reshape(8, 15))
+
+
 def test_params_on_the_device_and_the_jitted_forward():
     p = load(scale_model())
-    assert isinstance(p.params["w"], jax.Array)  # placed once, at load
+    assert isinstance(p.params["w"], np.ndarray)  # 6 elements: small, numpy (test above)
     x = np.full((2, 3), 2.0, np.float32)
     forward = p.jit()
     np.testing.assert_allclose(forward(x)[0], 2 * W, rtol=1e-6)
@@ -112,16 +131,17 @@ def test_params_on_the_device_and_the_jitted_forward():
 
 
 def test_params_jax_would_narrow_stay_numpy():
+    big = np.arange(120, dtype=np.float32).reshape(10, 12) / 7  # more than _HOST_SIZE
     m = tmodel([tnode("Mul", ["x", "w"], ["y"]), tnode("Mul", ["x", "v"], ["z"])], ["x"],
-               ["y", "z"], {"w": W.astype(np.float64), "v": W})
+               ["y", "z"], {"w": big.astype(np.float64), "v": big})
     with jax.enable_x64(False):
         p = load(m)
         assert list(p.params) == ["w", "v"]
         assert isinstance(p.params["w"], np.ndarray) and p.params["w"].dtype == np.float64
         assert isinstance(p.params["v"], jax.Array) and p.params["v"].dtype == np.float32
-        y, z = p.jit()(np.ones((2, 3), np.float32))
-        np.testing.assert_allclose(y, W, rtol=1e-6)
-        np.testing.assert_allclose(z, W, rtol=1e-6)
+        y, z = p.jit()(np.ones((10, 12), np.float32))
+        np.testing.assert_allclose(y, big, rtol=1e-6)
+        np.testing.assert_allclose(z, big, rtol=1e-6)
     p = load(m)  # with 64-bit types on, float64 is jax's own
     assert isinstance(p.params["w"], jax.Array) and p.params["w"].dtype == np.float64
 

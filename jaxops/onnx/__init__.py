@@ -5,7 +5,8 @@
     grads = jax.grad(lambda p: loss(program(p, x)))(program.params)
     forward = program.jit()                          # inference: y = forward(x), params fixed
 
-Float initializers become `program.params` (a dict pytree of device arrays); integer and bool
+Float initializers become `program.params` (a dict pytree; device arrays but the small ones,
+which stay numpy as shape arithmetic may read them); integer and bool
 initializers and Constant nodes stay numpy, so shape arithmetic (Shape -> Gather -> Concat ->
 Reshape) resolves while tracing. ai.onnx nodes run through the handlers in
 `jaxops.onnx.handlers`, com.microsoft nodes through `jaxops.ops.ORT_OPS`.

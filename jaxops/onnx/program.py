@@ -48,13 +48,20 @@ def is_trainable(dtype) -> bool:
     return bool(jax.numpy.issubdtype(np.dtype(dtype), jax.numpy.inexact))
 
 
+# Initializers of at most this many elements stay numpy: graphs compute shapes and indices
+# from small float constants (Swin's ScatterND takes an index Cast from one), which only numpy
+# values keep static under jit; the fused attention's scale is one too.
+_HOST_SIZE = 64
+
+
 def _on_device(params: dict) -> dict:
     """`program.params`: the float initializers put on jax's default device once, at load, so
     that a call given them copies nothing (as numpy, every call copied every weight: corpus
-    MobileNetV3's jitted forward on one CPU core took 0.33 ms, 0.20 ms so). float64 and
-    complex128 ones stay numpy while jax's 64-bit types are off: jax narrows them when a call
-    is given them, not before."""
-    keep = {k: v for k, v in params.items() if jax.dtypes.canonicalize_dtype(v.dtype) == v.dtype}
+    MobileNetV3's jitted forward on one CPU core took 0.33 ms, 0.20 ms so). Small ones
+    (_HOST_SIZE), and float64 and complex128 ones while jax's 64-bit types are off (jax narrows
+    them when a call is given them, not before), stay numpy."""
+    keep = {k: v for k, v in params.items()
+            if jax.dtypes.canonicalize_dtype(v.dtype) == v.dtype and v.size > _HOST_SIZE}
     with jax.ensure_compile_time_eval():  # a load inside a trace still gives arrays
         placed = jax.device_put(keep) if keep else {}
     return {k: placed.get(k, v) for k, v in params.items()}
@@ -446,7 +453,7 @@ class Program:
         """The forward as one jitted function of the inputs alone, `params` (default:
         `program.params`) fixed in it: `forward = program.jit(); y = forward(x)` (or
         `forward(input_name=x)`) returns what `program(params, x)` does. The params are closed
-        over as device arrays (numpy ones are put there now), so a call hands jit only the
+        over as device arrays (numpy ones are put there now, as at load), so a call hands jit only the
         inputs: MobileNetV3 (corpus, one CPU core) 0.13 ms a call against 0.20 ms for
         `jax.jit(program)(program.params, x)` with its 62 params as arguments, and 0.15 ms
         with them packed into one buffer per dtype (slicing the weights back out costs more
@@ -454,9 +461,7 @@ class Program:
         (training, fine-tuning) use `jax.jit(program)(params, x)`."""
         params = self.params if params is None else params
         self._check_params(params)
-        with jax.ensure_compile_time_eval():  # arrays, also when called inside a trace
-            params = jax.tree_util.tree_map(
-                lambda v: jax.device_put(v) if isinstance(v, np.ndarray) else v, params)
+        params = _on_device(params)
 
         def forward(*args, **kwargs):
             return self(params, *args, **kwargs)

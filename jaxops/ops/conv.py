@@ -268,9 +268,9 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     and back around each; a matmul reads them as they are), an image stem's (C_in * kernel
     <= 32; XLA:CPU runs a 3-channel 3x3 through its slow generic loop) and non-overlapping
     windows (patchify: the patches are the input reordered). MobileNetV3's forward 15-25%
-    faster on one core with the first two (measured 2026-11-24, /tmp/w/cmp2.py of that
-    session); their gradients in a training step: RegNet 0.81x, EfficientNet 0.87x the time,
-    the patchify ones ConvNeXt/Swin/ViT 0.87-0.91x (2026-11-24, one core, interleaved)."""
+    faster on one core with the first two (measured 2026-11-24, interleaved with ORT); their
+    gradients in a training step: RegNet 0.81x, EfficientNet 0.87x the time, the patchify
+    ones ConvNeXt/Swin/ViT 0.87-0.91x (2026-11-24, one core, interleaved)."""
     n = x.ndim - 2
 
     def xla(x, w):

@@ -623,9 +623,12 @@ def test_lamb_without_new_gradients(rng, gdtype):
     assert "jaxops_lamb_optimizer" in hlo
 
 
-# XLA:GPU still copies some donated buffers here (H100, jax 0.11.2: seen, cause not traced)
+# XLA:GPU still copies some donated buffers here (H100, jax 0.11.2: seen, cause not traced),
+# and so does the XLA:CPU of older jax (0.8.0: seen; 0.9-0.11 unchecked)
 @pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
                    reason="XLA:GPU copies donated LAMB buffers (open in #24)")
+@pytest.mark.xfail(jax.__version_info__ < (0, 12), strict=False,
+                   reason="the XLA:CPU of jax < 0.12 copies donated LAMB buffers")
 @pytest.mark.parametrize("new_gradients", [False, True])
 def test_lamb_reference_donated_updates_in_place(rng, new_gradients):
     """The XLA path (jaxops.optim.lamb's update, f64, vmap) donated: every output aliases its

@@ -294,8 +294,11 @@ def _entry(tx, path, params, g):
 
 # on a GPU LAMB's update copies its donated moments (H100, jax 0.11.2: 6 copies for the 3
 # tensors here; not traced yet): known, open in #24
-_GPU_COPIES = pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
-                                reason="XLA:GPU copies LAMB's donated moments (open in #24)")
+_GPU_COPIES = [pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
+                                 reason="XLA:GPU copies LAMB's donated moments (open in #24)"),
+               # so does the XLA:CPU of older jax (0.8.0: seen; 0.9-0.11 unchecked)
+               pytest.mark.xfail(jax.__version_info__ < (0, 12), strict=False,
+                                 reason="the XLA:CPU of jax < 0.12 copies LAMB's buffers")]
 
 
 @pytest.mark.parametrize("name,path", [("adamw", "update"), ("adamw", "step"),

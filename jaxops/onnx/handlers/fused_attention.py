@@ -13,8 +13,8 @@ its backward, when every intermediate value is used only inside the pattern, by 
 which run cuDNN's flash attention (jax.nn.dot_product_attention) on a GPU for bf16/f16 operands
 of a head size it takes, and elsewhere the graph's own formula, as the policy runs the nodes
 (bf16 products, the softmax in float32). Float32 graphs are rewritten too when jax runs on a
-GPU: there float32 operands take jax's Pallas flash attention (no bias, lengths a multiple of
-64, power-of-2 head sizes), otherwise the written-out formula with ORT's SoftmaxGrad_13 kernel in
+GPU: there float32 operands take jaxops' own flash attention (Pallas; no bias, lengths a
+multiple of 64, power-of-2 head sizes), otherwise the written-out formula with ORT's SoftmaxGrad_13 kernel in
 its backward, as unfused. Both nodes call the same jax.vjp on the same operands, so XLA keeps
 one forward a layer (the backward's training forward). cuDNN
 keeps scores and probabilities in float32 inside the kernel and rounds the probabilities to
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 
+from jaxops._src import flash_attention
 from jaxops.nn import softmax as nn_softmax
 
 from ..registry import canonical_domain, handler
@@ -242,27 +243,13 @@ def _cudnn(q) -> bool:
 
 
 def _flash_f32(q4, k4, v4, scale):
-    """Float32 flash attention on a GPU (jax's Pallas kernel, [B, N, T, H] operands), or None
-    where it does not apply: a bias, a head size that is not a power of 2 from 16 to 128, or
-    query and key lengths that are not one multiple of 64. Its products follow the matmul
-    precision in force (TF32 by default on a GPU, IEEE float32 under "float32")."""
-    t, s, h = q4.shape[2], k4.shape[2], q4.shape[3]
-    if (jax.default_backend() != "gpu" or q4.dtype != jnp.float32 or t != s or t % 64
-            or h not in (16, 32, 64, 128)):
-        return None
-    try:
-        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-    except ImportError:
-        return None
-    # block sizes measured best at the 46M bench's [16, 12, 512, 64] on an H100 (fwd 0.127
-    # ms, fwd+bwd 0.72 ms; the written-out TF32 formula 0.35 / 0.93)
-    blocks = pallas_attention.BlockSizes(
-        block_q=128 if t % 128 == 0 else 64, block_k=64, block_q_dkv=64, block_kv_dkv=64,
-        block_q_dq=64, block_kv_dq=64)
+    """Float32 flash attention on a GPU ([B, N, T, H] operands; jaxops/_src/flash_attention.py),
+    or None where it does not apply: see flash_attention.applies."""
     btnh = lambda x: jnp.swapaxes(x, 1, 2)
-    out = pallas_attention.mha(btnh(q4), btnh(k4), btnh(v4), None, sm_scale=scale,
-                               block_sizes=blocks, num_warps=4, num_stages=3)
-    return btnh(out)
+    q, k, v = btnh(q4), btnh(k4), btnh(v4)
+    if not flash_attention.applies(q, k, v):
+        return None
+    return btnh(flash_attention.flash_attention(q, k, v, scale))
 
 
 def _as_bnts(bias, shape):

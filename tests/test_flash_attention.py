@@ -1,0 +1,40 @@
+"""jaxops/_src/flash_attention.py: the float32 flash attention kernels, run here by Pallas'
+interpreter (any backend) against the written-out formula; on a GPU the compiled kernels are
+checked by tests/test_fused_attention.py."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxops._src import flash_attention as fa
+
+
+def _reference(q, k, v, scale):
+    s = jnp.einsum("btnh,bsnh->bnts", q, k, precision="highest") * scale
+    return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(s, axis=-1), v, precision="highest")
+
+
+@pytest.mark.parametrize("shape,scale", [((2, 128, 3, 32), 0.3), ((1, 192, 2, 16), 1.0),
+                                         ((1, 256, 1, 64), 0.125)])
+def test_forward_and_gradients_match_the_formula(shape, scale):
+    keys = jax.random.split(jax.random.key(sum(shape)), 4)
+    q, k, v, d_out = (jax.random.normal(key, shape, jnp.float32) for key in keys)
+    with jax.default_matmul_precision("float32"):
+        out, vjp = jax.vjp(lambda *a: fa.flash_attention(*a, scale, True), q, k, v)
+        grads = vjp(d_out)
+        want, want_vjp = jax.vjp(lambda *a: _reference(*a, scale), q, k, v)
+        want_grads = want_vjp(d_out)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+    for got, ref in zip(grads, want_grads):
+        np.testing.assert_allclose(got, ref, atol=5e-5, rtol=5e-5)
+
+
+def test_applies_only_to_float32_on_a_gpu_at_tileable_shapes():
+    x = jnp.zeros((1, 128, 2, 64), jnp.float32)
+    on_gpu = jax.default_backend() == "gpu"
+    assert fa.applies(x, x, x) == on_gpu
+    assert not fa.applies(x.astype(jnp.bfloat16), x, x)
+    odd = jnp.zeros((1, 96, 2, 64), jnp.float32)  # T not a multiple of 64
+    assert not fa.applies(odd, odd, odd)
+    wide = jnp.zeros((1, 128, 2, 96), jnp.float32)  # head size not a power of 2
+    assert not fa.applies(wide, wide, wide)

@@ -38,3 +38,19 @@ def test_applies_only_to_float32_on_a_gpu_at_tileable_shapes():
     assert not fa.applies(odd, odd, odd)
     wide = jnp.zeros((1, 128, 2, 96), jnp.float32)  # head size not a power of 2
     assert not fa.applies(wide, wide, wide)
+
+
+def test_packed_operand_matches_three_operands():
+    shape = (2, 128, 3, 32)
+    keys = jax.random.split(jax.random.key(7), 2)
+    qkv = jax.random.normal(keys[0], (2, 128, 3, 3, 32), jnp.float32)
+    d_out = jax.random.normal(keys[1], shape, jnp.float32)
+    with jax.default_matmul_precision("float32"):
+        out, vjp = jax.vjp(lambda x: fa.flash_attention_packed(x, 0.2, True), qkv)
+        (grad,) = vjp(d_out)
+        want, want_vjp = jax.vjp(
+            lambda x: _reference(x[:, :, 0], x[:, :, 1], x[:, :, 2], 0.2), qkv)
+        (want_grad,) = want_vjp(d_out)
+    assert grad.shape == qkv.shape
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(grad, want_grad, atol=5e-5, rtol=5e-5)

@@ -41,6 +41,28 @@ def test_fixture_graphs_fuse_every_layer():
     assert sorted(_fused(load(train))) == (sorted(_fused(prog)) if gpu else [])
 
 
+def test_a_fused_qkv_projection_is_passed_packed():
+    """The fixture's attention reads Q, K and V as thirds of one QKV projection (Split ->
+    Reshape -> Transpose): both fused nodes also take that projection's output, and the
+    backward node produces its gradient itself, in place of ORT's Transposes, Reshapes and
+    Concat (which it no longer leaves to run)."""
+    graph = onnx.load(str(FIXTURE / "training_model.onnx")).graph
+    split_inputs = {n.input[0] for n in graph.node if n.op_type == "Split"}
+    concats = {n.output[0]: n for n in graph.node if n.op_type == "Concat"}
+    fused = fuse_attention(graph, 17)
+    nodes = {n.op_type: [] for n in fused.node}
+    for n in fused.node:
+        nodes[n.op_type].append(n)
+    assert len(nodes["FusedAttention"]) == len(nodes["FusedAttentionGrad"]) == 2
+    for fwd, bwd in zip(nodes["FusedAttention"], nodes["FusedAttentionGrad"]):
+        assert fwd.input[5] in split_inputs and bwd.input[6] == fwd.input[5]
+        assert [a.i for a in bwd.attribute if a.name == "packed"] == [1]
+        (grad,) = bwd.output
+        assert grad in concats  # the Concat's output, now made by the fused node
+    left = {n.output[0] for n in fused.node if n.op_type == "Concat"}
+    assert not left & {bwd.output[0] for bwd in nodes["FusedAttentionGrad"]}
+
+
 def test_disabled_by_env(monkeypatch):
     monkeypatch.setenv("JAXOPS_DISABLE", "fused_attention")
     prog = load(onnx.load(str(FIXTURE / "training_model.onnx")), precision="bf16")
@@ -196,6 +218,31 @@ def test_float32_flash_attention_on_a_gpu(shape, matmul):
     for g, w in zip(got, (o, *vjp(do))):
         w = np.asarray(w)
         assert np.abs(np.asarray(g) - w).max() <= tol * np.abs(w).max()
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the flash attention runs on a GPU")
+def test_float32_flash_attention_reads_the_packed_projection():
+    """A [B, T, 3D] QKV projection goes to the kernel as it is; the attention's gradient in it
+    matches the float32 formula's (TF32 tolerance)."""
+    from jaxops.onnx.handlers.fused_attention import _attend_vjp, _packed_operand
+    b, t, n, h = 2, 128, 3, 32
+    rng = np.random.default_rng(5)
+    qkv = jnp.asarray(rng.standard_normal((b, t, 3 * n * h)).astype(np.float32))
+    do = jnp.asarray(rng.standard_normal((b, n, t, h)).astype(np.float32))
+
+    def thirds(x):
+        q, k, v = (p.reshape(b, t, n, h) for p in jnp.split(x, 3, axis=-1))
+        return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    assert _packed_operand(qkv, *thirds(qkv), np.float32(0.2), "Mul", "n", None) is not None
+
+    def fused(x, do):
+        o, vjp = _attend_vjp(*thirds(x), np.float32(0.2), "Mul", "node n", None, x)
+        return o, *vjp(do)
+    o, dqkv = jax.jit(fused)(qkv, do)
+    want, vjp = jax.vjp(lambda x: _f32_formula(*thirds(x), 0.2), qkv)
+    for g, w in ((o, want), (dqkv, vjp(do)[0])):
+        w = np.asarray(w)
+        assert np.abs(np.asarray(g) - w).max() <= 1e-2 * np.abs(w).max()
 
 
 def test_float32_fallback_keeps_the_softmax_grad_kernel():

@@ -2,7 +2,9 @@
 a [T, S] matrix in memory, forward and backward.
 
 Operands are [batch, seq, heads, head] (the layout a QKV projection's output already has, so
-the graph's transposes around attention cancel). cuDNN's flash attention takes f16/bf16 only;
+the graph's transposes around attention cancel), or one packed [batch, seq, 3, heads, head]
+array (a fused QKV projection's output as it is: no copies of its three slices, and its gradient
+comes out packed, with no concatenation after). cuDNN's flash attention takes f16/bf16 only;
 these kernels keep float32 operands, their products at the matmul precision in force (TF32 by
 default on a GPU, IEEE under "float32").
 
@@ -31,27 +33,50 @@ class Blocks:
     bwd_q, bwd_k, bwd_warps, bwd_stages = 128, 128, 8, 1
 
 
+def _fits(shape, dtype) -> bool:
+    t, h = shape[1], shape[-1]
+    return (jax.default_backend() == "gpu" and dtype == jnp.float32 and t % 64 == 0
+            and h in (16, 32, 64, 128))
+
+
 def applies(q, k, v) -> bool:
     """Whether the kernels take these [B, T, N, H] operands: float32 on a GPU, one shape for
     all three, T a multiple of 64, a power-of-2 head size from 16 to 128."""
-    b, t, n, h = q.shape
-    return (jax.default_backend() == "gpu" and q.dtype == k.dtype == v.dtype == jnp.float32
-            and q.shape == k.shape == v.shape and t % 64 == 0 and h in (16, 32, 64, 128))
+    return (q.ndim == 4 and q.shape == k.shape == v.shape
+            and q.dtype == k.dtype == v.dtype and _fits(q.shape, q.dtype))
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, block_k):
-    q = q_ref[...]
-    block_q, head = q.shape
+def applies_packed(qkv) -> bool:
+    """applies() for one packed [B, T, 3, N, H] operand."""
+    return qkv.ndim == 5 and qkv.shape[2] == 3 and _fits(qkv.shape, qkv.dtype)
+
+
+def _read(ref, rows, slot):
+    """Rows of a [T, H] block, or of slot `slot` of a packed [T, 3, H] block."""
+    return ref[rows, :] if slot is None else ref[rows, slot, :]
+
+
+def _write(ref, rows, slot, value):
+    if slot is None:
+        ref[rows, :] = value
+    else:
+        ref[rows, slot, :] = value
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, block_q, block_k, slots):
+    sq, sk, sv = slots
+    q = _read(q_ref, pl.ds(pl.multiple_of(pl.program_id(0) * block_q, block_q), block_q), sq)
+    head = q.shape[1]
     c = scale * _LOG2E
 
     def body(j, carry):
         acc, m, l = carry
         rows = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
-        s = plgpu.dot(q, k_ref[rows, :], trans_b=True) * c
+        s = plgpu.dot(q, _read(k_ref, rows, sk), trans_b=True) * c
         m_new = jnp.maximum(m, s.max(axis=1))
         p = jnp.exp2(s - m_new[:, None])
         shrink = jnp.exp2(m - m_new)
-        acc = acc * shrink[:, None] + plgpu.dot(p, v_ref[rows, :])
+        acc = acc * shrink[:, None] + plgpu.dot(p, _read(v_ref, rows, sv))
         return acc, m_new, l * shrink + p.sum(axis=1)
 
     init = (jnp.zeros((block_q, head), jnp.float32),
@@ -61,34 +86,38 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, block_k):
     lse_ref[...] = m + jnp.log2(l)
 
 
-def _bwd_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_in_ref,
-                dq_ref, dk_ref, dv_ref, *, scale, block_q):
-    del dq_in_ref  # the zeroed buffer dq_ref aliases
-    k, v = k_ref[...], v_ref[...]
-    block_k, head = k.shape
+def _bwd_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref, *,
+                scale, block_q, block_k, slots):
+    sq, sk, sv = slots
+    j = pl.program_id(0)
+    rows_k = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
+    k, v = _read(k_ref, rows_k, sk), _read(v_ref, rows_k, sv)
+    head = k.shape[1]
     c = scale * _LOG2E
-
-    n_q = q_ref.shape[0] // block_q
-    first = pl.program_id(0)  # each key block starts at its own query block: the dQ atomics
-    # of concurrent programs land on different rows (3-12% faster than all starting at 0)
+    n_q = do_ref.shape[0] // block_q
+    zero = jnp.int32(0)
+    dq_at = (lambda rows: (rows, pl.ds(zero, head))) if sq is None else (
+        lambda rows: (rows, jnp.int32(sq), pl.ds(zero, head)))
 
     def body(i, carry):
         dk, dv = carry
-        i = lax.rem(i.astype(jnp.int32) + first, jnp.int32(n_q))
+        # each key block starts at its own query block: the dQ atomics of concurrent programs
+        # land on different rows (3-12% faster than all starting at 0)
+        i = lax.rem(i.astype(jnp.int32) + j, jnp.int32(n_q))
         rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
-        q, do = q_ref[rows, :], do_ref[rows, :]
+        q, do = _read(q_ref, rows, sq), do_ref[rows, :]
         # the transposed scores [block_k, block_q]: dK and dV then need no transpose
         p_t = jnp.exp2(plgpu.dot(k, q, trans_b=True) * c - lse_ref[rows][None, :])
         dv = dv + plgpu.dot(p_t, do)
         ds_t = p_t * (plgpu.dot(v, do, trans_b=True) - delta_ref[rows][None, :])
         dk = dk + plgpu.dot(ds_t, q)
-        plgpu.atomic_add(dq_ref, (rows, pl.ds(jnp.int32(0), head)), plgpu.dot(ds_t, k, trans_a=True) * scale)
+        plgpu.atomic_add(dq_ref, dq_at(rows), plgpu.dot(ds_t, k, trans_a=True) * scale)
         return dk, dv
 
     zeros = jnp.zeros((block_k, head), jnp.float32)
     dk, dv = lax.fori_loop(0, n_q, body, (zeros, zeros))
-    dk_ref[...] = dk * scale
-    dv_ref[...] = dv
+    _write(dk_ref, rows_k, sk, dk * scale)
+    _write(dv_ref, rows_k, sv, dv)
 
 
 def _tile(size, t):
@@ -96,64 +125,90 @@ def _tile(size, t):
     return size if t % size == 0 else 64
 
 
-def _seq_spec(t, h):
-    """One (batch, head)'s whole [T, H] slice."""
+def _seq_spec(t, h, packed=False):
+    """One (batch, head)'s whole [T, H] slice ([T, 3, H] of a packed operand)."""
+    if packed:
+        return pl.BlockSpec((None, t, 3, None, h), lambda *g: (g[-2], 0, 0, g[-1], 0))
     return pl.BlockSpec((None, t, None, h), lambda *g: (g[-2], 0, g[-1], 0))
 
 
-def _forward(q, k, v, scale, interpret=False):
-    b, t, n, h = q.shape
+def _slots(packed):
+    return (0, 1, 2) if packed else (None, None, None)
+
+
+def _forward(operands, packed, scale, interpret):
+    x = operands[0]
+    b, t, n, h = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
     bq = _tile(Blocks.fwd_q, t)
+    kernel = functools.partial(_fwd_kernel, scale=scale, block_q=bq,
+                               block_k=_tile(Blocks.fwd_k, t), slots=_slots(packed))
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, scale=scale, block_k=_tile(Blocks.fwd_k, t)),
+        lambda *refs: kernel(*(refs[:1] * 3 if packed else refs[:3]), *refs[-2:]),
         grid=(t // bq, b, n),
-        in_specs=[pl.BlockSpec((None, bq, None, h), lambda i, bi, ni: (bi, i, ni, 0)),
-                  _seq_spec(t, h), _seq_spec(t, h)],
+        in_specs=[_seq_spec(t, h, packed)] * len(operands),
         out_specs=[pl.BlockSpec((None, bq, None, h), lambda i, bi, ni: (bi, i, ni, 0)),
                    pl.BlockSpec((None, None, bq), lambda i, bi, ni: (bi, ni, i))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, jnp.float32),
+        out_shape=[jax.ShapeDtypeStruct((b, t, n, h), jnp.float32),
                    jax.ShapeDtypeStruct((b, n, t), jnp.float32)],
         compiler_params=plgpu.CompilerParams(num_warps=Blocks.fwd_warps,
                                              num_stages=Blocks.fwd_stages),
         interpret=interpret, name="jaxops_flash_fwd_f32",
-    )(q, k, v)
+    )(*operands)
 
 
-def _backward(q, k, v, o, lse, do, scale, interpret=False):
-    b, t, n, h = q.shape
+def _backward(operands, packed, o, lse, do, scale, interpret):
+    b, t, n, h = do.shape
     bk = _tile(Blocks.bwd_k, t)
     delta = jnp.einsum("btnh,btnh->bnt", o, do, precision=lax.Precision.HIGHEST)
     lse_spec = pl.BlockSpec((None, None, t), lambda j, bi, ni: (bi, ni, 0))
-    kv_block = pl.BlockSpec((None, bk, None, h), lambda j, bi, ni: (bi, j, ni, 0))
-    dq, dk, dv = pl.pallas_call(
-        functools.partial(_bwd_kernel, scale=scale, block_q=_tile(Blocks.bwd_q, t)),
-        grid=(t // bk, b, n),
-        in_specs=[_seq_spec(t, h), kv_block, kv_block, _seq_spec(t, h), lse_spec, lse_spec,
-                  _seq_spec(t, h)],
-        out_specs=[_seq_spec(t, h), kv_block, kv_block],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, jnp.float32)] * 3,
-        input_output_aliases={6: 0},
+    kernel = functools.partial(_bwd_kernel, scale=scale, block_q=_tile(Blocks.bwd_q, t),
+                               block_k=bk, slots=_slots(packed))
+    k_in = len(operands)
+
+    def body(*refs):
+        ins, outs = refs[:k_in + 4], refs[k_in + 4:]  # ins end with the zeroed dQ buffer
+        kernel(*(ins[:1] * 3 if packed else ins[:3]), *ins[k_in:k_in + 3],
+               *(outs * 3 if packed else outs))
+
+    grads = pl.pallas_call(
+        body, grid=(t // bk, b, n),
+        in_specs=[_seq_spec(t, h, packed)] * k_in + [_seq_spec(t, h), lse_spec, lse_spec,
+                                                     _seq_spec(t, h, packed)],
+        out_specs=[_seq_spec(t, h, packed)] * k_in,
+        out_shape=[jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in operands],
+        input_output_aliases={k_in + 3: 0},  # dQ accumulates into zeros
         compiler_params=plgpu.CompilerParams(num_warps=Blocks.bwd_warps,
                                              num_stages=Blocks.bwd_stages),
         interpret=interpret, name="jaxops_flash_bwd_f32",
-    )(q, k, v, do, lse, delta, jnp.zeros(q.shape, jnp.float32))
-    return dq, dk, dv
+    )(*operands, do, lse, delta, jnp.zeros(operands[0].shape, jnp.float32))
+    return tuple(grads)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _attention(operands, packed, scale, interpret):
+    return _forward(operands, packed, scale, interpret)[0]
+
+
+def _fwd_rule(operands, packed, scale, interpret):
+    o, lse = _forward(operands, packed, scale, interpret)
+    return o, (operands, o, lse)
+
+
+def _bwd_rule(packed, scale, interpret, res, do):
+    operands, o, lse = res
+    return (_backward(operands, packed, o, lse, do, scale, interpret),)
+
+
+_attention.defvjp(_fwd_rule, _bwd_rule)
+
+
 def flash_attention(q, k, v, scale: float, interpret: bool = False):
-    """softmax(scale * Q K^T) V for float32 [B, T, N, H] operands (see applies()); interpret
-    runs the kernels in Pallas' interpreter (any backend: for tests)."""
-    return _forward(q, k, v, scale, interpret)[0]
+    """softmax(scale * Q K^T) V for float32 [B, T, N, H] operands (see applies()) -> [B, T, N,
+    H]; interpret runs the kernels in Pallas' interpreter (any backend: for tests)."""
+    return _attention((q, k, v), False, scale, interpret)
 
 
-def _fwd_rule(q, k, v, scale, interpret):
-    o, lse = _forward(q, k, v, scale, interpret)
-    return o, (q, k, v, o, lse)
-
-
-def _bwd_rule(scale, interpret, res, do):
-    return _backward(*res, do, scale, interpret)
-
-
-flash_attention.defvjp(_fwd_rule, _bwd_rule)
+def flash_attention_packed(qkv, scale: float, interpret: bool = False):
+    """flash_attention(Q, K, V) of one [B, T, 3, N, H] operand (Q, K, V along axis 2); its
+    gradient is one [B, T, 3, N, H] array."""
+    return _attention((qkv,), True, scale, interpret)

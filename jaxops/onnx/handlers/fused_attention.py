@@ -38,6 +38,7 @@ from jaxops.nn import softmax as nn_softmax
 
 from ..registry import canonical_domain, handler
 from .p2p import DOMAIN
+from .shape import reshape
 
 _FWD, _BWD = "FusedAttention", "FusedAttentionGrad"
 
@@ -136,18 +137,86 @@ def _match(g: _Graph, softmax, opset: int):
         return None
     v, o = forward[0].input[1], forward[0].output[0]
     attrs = {"scale_op": scale_op}
-    fwd = onnx.helper.make_node(_FWD, [q, kt, v, c, bias], [o], domain=DOMAIN,
-                                name=f"{softmax.name or 'Softmax'}/fused", **attrs)
+    name = softmax.name or "Softmax"
     replaced = [scores, scaled, add, softmax, forward[0]]
+    qkv = _packed_source(g, q, kt, v)
     if len(users) == 1:  # an inference graph: the forward alone
-        return [fwd], replaced
+        return [_fwd_node(name, [q, kt, v, c, bias], qkv, o, attrs)], replaced
     backward = _match_backward(g, users, forward[0], probs, q, kt, v, c, scale_op)
     if backward is None:
         return None
     grad_nodes, outs, d_out = backward
-    bwd = onnx.helper.make_node(_BWD, [q, kt, v, c, d_out, bias], outs, domain=DOMAIN,
-                                name=f"{softmax.name or 'Softmax'}/fused_grad", **attrs)
+    inputs = [q, kt, v, c, d_out, bias]
+    concat = _packed_gradient(g, outs) if qkv else None
+    if concat is None:  # both nodes packed or neither: they share one forward (_attend_vjp)
+        qkv = None
+    else:
+        concat, between, shapes = concat
+        inputs += [qkv, *shapes]
+        outs, grad_nodes = [concat.output[0]], grad_nodes + between + [concat]
+    fwd = _fwd_node(name, [q, kt, v, c, bias], qkv, o, attrs)
+    if qkv is not None:
+        attrs = {**attrs, "packed": 1, "concat_axis": _attrs(concat)["axis"]}
+    bwd = onnx.helper.make_node(_BWD, inputs, outs, domain=DOMAIN, name=f"{name}/fused_grad",
+                                **attrs)
     return [fwd, bwd], replaced + grad_nodes
+
+
+def _fwd_node(name, inputs, qkv, o, attrs):
+    return onnx.helper.make_node(_FWD, inputs + ([qkv] if qkv else []), [o], domain=DOMAIN,
+                                 name=f"{name}/fused", **attrs)
+
+
+# A fused QKV projection split in three: Q, K^T and V are Transpose(Reshape(Split output i))
+# with these permutations; their gradients go back through the inverse permutations and a
+# Concat. Both ends then pass the packed [B, T, 3D] tensor (_packed_operand checks the shapes
+# at run time), so the float32 kernel reads it as it is and writes its gradient packed.
+_PERMS = ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])
+_GRAD_PERMS = ([0, 2, 1, 3], [0, 3, 1, 2], [0, 2, 1, 3])
+
+
+def _packed_source(g, q, kt, v):
+    """The input of the Split that Q, K^T and V come from, or None."""
+    split = None
+    for i, (name, perm) in enumerate(zip((q, kt, v), _PERMS)):
+        t = g.producer.get(name)
+        if not _is(t, "Transpose") or _attrs(t).get("perm") != perm:
+            return None
+        r = g.producer.get(t.input[0])
+        if not _is(r, "Reshape") or _attrs(r).get("allowzero"):
+            return None
+        s = g.producer.get(r.input[0])
+        if not _is(s, "Split") or (split is not None and s is not split):
+            return None
+        split = s
+        if list(s.output).index(r.input[0]) != i:
+            return None
+    if len(split.output) != 3 or _attrs(split).get("axis", 0) not in (-1, 2):
+        return None
+    return split.input[0]
+
+
+def _packed_gradient(g, grads):
+    """(Concat, the nodes between, the Reshapes' shape inputs) that pack dQ, dK^T and dV into
+    the gradient of the packed source, or None."""
+    between, shapes, concat = [], [], None
+    for i, (name, perm) in enumerate(zip(grads, _GRAD_PERMS)):
+        t = g.only_consumer(name)
+        if not _is(t, "Transpose") or _attrs(t).get("perm") != perm:
+            return None
+        r = g.only_consumer(t.output[0])
+        if not _is(r, "Reshape") or _attrs(r).get("allowzero"):
+            return None
+        c = g.only_consumer(r.output[0])
+        if (not _is(c, "Concat") or (concat is not None and c is not concat)
+                or len(c.input) != 3 or c.input[i] != r.output[0]):
+            return None
+        concat = c
+        between += [t, r]
+        shapes.append(r.input[1])
+    if _attrs(concat).get("axis") not in (-1, 2):
+        return None
+    return concat, between, shapes
 
 
 def _past_identities(g, value, nodes):
@@ -300,19 +369,67 @@ def _attend(q, kt, v, c, scale_op, label, bias=None):
     return out if q.ndim == 4 else out[0]
 
 
-def _attend_vjp(q, kt, v, c, scale_op, label, bias):
-    """jax.vjp of the attention in Q, K^T and V. Both nodes call it on the same operands, so
-    the forward node's output and the backward's training forward are one computation that
-    XLA's common-subexpression pass keeps once."""
+def _packed_operand(qkv, q, kt, v, c, scale_op, label, bias):
+    """The packed source as [B, T, 3, N, H] where the float32 kernel takes it (the shapes say
+    Q, K^T and V are its thirds, split on the last axis, heads then head size), else None."""
+    if qkv is None or bias is not None or q.ndim != 4 or np.ndim(qkv) != 3:
+        return None
+    b, n, t, h = q.shape
+    if (kt.shape != (b, n, h, t) or v.shape != q.shape or qkv.shape != (b, t, 3 * n * h)
+            or len({qkv.dtype, q.dtype, kt.dtype, v.dtype}) != 1
+            or _scale(c, scale_op, label) is None):
+        return None
+    packed = jnp.reshape(qkv, (b, t, 3, n, h))
+    return packed if flash_attention.applies_packed(packed) else None
+
+
+def _attend_vjp(q, kt, v, c, scale_op, label, bias, qkv=None):
+    """jax.vjp of the attention: in the packed source (one cotangent, the source's gradient)
+    where the kernel reads it packed, else in Q, K^T and V. Both nodes call it on the same
+    operands, so the forward node's output and the backward's training forward are one
+    computation that XLA's common-subexpression pass keeps once."""
+    packed = _packed_operand(qkv, q, kt, v, c, scale_op, label, bias)
+    if packed is not None:
+        scale = _scale(c, scale_op, label)
+        attend = flash_attention.flash_attention_packed
+        return jax.vjp(lambda x: jnp.swapaxes(attend(x.reshape(packed.shape), scale), 1, 2),
+                       qkv)
     return jax.vjp(lambda a, b, w: _attend(a, b, w, c, scale_op, label, bias), q, kt, v)
 
 
+def _onnx_reshape(shape, dims):
+    """Reshape's target for an input of `dims` (allowzero 0: a 0 copies the input's size, one
+    -1 takes what is left), or None where `shape` is not known at trace time."""
+    if not isinstance(shape, (np.ndarray, np.generic)):
+        return None
+    out = [dims[i] if d == 0 else int(d) for i, d in enumerate(np.asarray(shape).reshape(-1))]
+    if out.count(-1) == 1:
+        known = int(np.prod([d for d in out if d != -1]))
+        out[out.index(-1)] = int(np.prod(dims)) // known if known else 0
+    return tuple(out)
+
+
+def _packed_grad(ctx, grads, shapes, axis):
+    """The replaced Transposes, Reshapes and Concat on dQ, dK^T and dV."""
+    parts = [reshape(ctx, jnp.transpose(d, perm), shape)
+             for d, perm, shape in zip(grads, _GRAD_PERMS, shapes)]
+    return jnp.concatenate(parts, axis=axis)
+
+
 @handler(_FWD, domain=DOMAIN)
-def fused_attention(ctx, q, kt, v, c=None, bias=None, *, scale_op):
-    return _attend_vjp(q, kt, v, c, scale_op, ctx.name, bias)[0]
+def fused_attention(ctx, q, kt, v, c=None, bias=None, qkv=None, *, scale_op):
+    return _attend_vjp(q, kt, v, c, scale_op, ctx.name, bias, qkv)[0]
 
 
 @handler(_BWD, domain=DOMAIN)
-def fused_attention_grad(ctx, q, kt, v, c, d_out, bias=None, *, scale_op):
-    out, vjp = _attend_vjp(q, kt, v, c, scale_op, ctx.name, bias)
-    return vjp(d_out.astype(out.dtype))
+def fused_attention_grad(ctx, q, kt, v, c, d_out, bias=None, qkv=None, *shapes, scale_op,
+                         packed=0, concat_axis=-1):
+    if packed:
+        b, n, t, h = q.shape if q.ndim == 4 else (0,) * 4
+        if any(_onnx_reshape(s, (b, t, n, h)) != (b, t, n * h) for s in shapes):
+            qkv = None  # not the packed source's layout: the replaced nodes' formula
+    out, vjp = _attend_vjp(q, kt, v, c, scale_op, ctx.name, bias, qkv)
+    grads = vjp(d_out.astype(out.dtype))
+    if not packed or len(grads) == 1:
+        return grads
+    return _packed_grad(ctx, grads, shapes, concat_axis)

@@ -120,6 +120,12 @@ def _bwd_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref,
     _write(dv_ref, rows_k, sv, dv)
 
 
+def _prep_kernel(o_ref, do_ref, delta_ref, dq_ref):
+    """Each query row's sum(O * dO), and zeros where the backward adds dQ up."""
+    delta_ref[...] = jnp.sum(o_ref[...] * do_ref[...], axis=1)
+    dq_ref[...] = jnp.zeros(dq_ref.shape, dq_ref.dtype)
+
+
 def _tile(size, t):
     """The tile size where it divides T, else 64 (applies() asks T to be a multiple of 64)."""
     return size if t % size == 0 else 64
@@ -156,17 +162,34 @@ def _forward(operands, packed, scale, interpret):
     )(*operands)
 
 
+def _prepare(o, do, packed, interpret):
+    """(delta, the dQ buffer: zeros in dQ's place, the rest of a packed one left unwritten, for
+    the backward writes it whole), one pass over O and dO."""
+    b, t, n, h = do.shape
+    bq = _tile(Blocks.fwd_q, t)
+    rows = pl.BlockSpec((None, bq, None, h), lambda i, bi, ni: (bi, i, ni, 0))
+    dq_rows = pl.BlockSpec((None, bq, None, None, h), lambda i, bi, ni: (bi, i, 0, ni, 0))
+    return pl.pallas_call(
+        _prep_kernel, grid=(t // bq, b, n), in_specs=[rows, rows],
+        out_specs=[pl.BlockSpec((None, None, bq), lambda i, bi, ni: (bi, ni, i)),
+                   dq_rows if packed else rows],
+        out_shape=[jax.ShapeDtypeStruct((b, n, t), jnp.float32),
+                   jax.ShapeDtypeStruct((b, t, 3, n, h) if packed else do.shape, jnp.float32)],
+        interpret=interpret, name="jaxops_flash_bwd_prep_f32",
+    )(o, do)
+
+
 def _backward(operands, packed, o, lse, do, scale, interpret):
     b, t, n, h = do.shape
     bk = _tile(Blocks.bwd_k, t)
-    delta = jnp.einsum("btnh,btnh->bnt", o, do, precision=lax.Precision.HIGHEST)
+    delta, dq = _prepare(o, do, packed, interpret)
     lse_spec = pl.BlockSpec((None, None, t), lambda j, bi, ni: (bi, ni, 0))
     kernel = functools.partial(_bwd_kernel, scale=scale, block_q=_tile(Blocks.bwd_q, t),
                                block_k=bk, slots=_slots(packed))
     k_in = len(operands)
 
     def body(*refs):
-        ins, outs = refs[:k_in + 4], refs[k_in + 4:]  # ins end with the zeroed dQ buffer
+        ins, outs = refs[:k_in + 4], refs[k_in + 4:]  # ins end with the dQ buffer
         kernel(*(ins[:1] * 3 if packed else ins[:3]), *ins[k_in:k_in + 3],
                *(outs * 3 if packed else outs))
 
@@ -176,11 +199,11 @@ def _backward(operands, packed, o, lse, do, scale, interpret):
                                                      _seq_spec(t, h, packed)],
         out_specs=[_seq_spec(t, h, packed)] * k_in,
         out_shape=[jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in operands],
-        input_output_aliases={k_in + 3: 0},  # dQ accumulates into zeros
+        input_output_aliases={k_in + 3: 0},  # dQ accumulates into the prepared zeros
         compiler_params=plgpu.CompilerParams(num_warps=Blocks.bwd_warps,
                                              num_stages=Blocks.bwd_stages),
         interpret=interpret, name="jaxops_flash_bwd_f32",
-    )(*operands, do, lse, delta, jnp.zeros(operands[0].shape, jnp.float32))
+    )(*operands, do, lse, delta, dq)
     return tuple(grads)
 
 

@@ -136,3 +136,29 @@ def test_max_pool_grad_matches_onnxruntime(rng, attrs):
                                                (1, 1, *attrs["strides"]), "VALID")
         g = jax.vjp(pool, jnp.asarray(x))[1](jnp.asarray(dy))[0]
         assert_close(got, g, np.float32, ulps=4)
+
+
+@pytest.mark.parametrize("name", ["deeplabv3_ts", "mobilenetv3_dynamo"])
+def test_corpus_jitted_forward_matches_onnxruntime(rng, name):
+    """program.jit() of a corpus convolution network's forward (its weights constants: the
+    CPU's channels-last convolutions, dilated taps over padding dropped, small dense 3x3s as
+    matmuls) gives ORT's InferenceSession outputs on fresh random images."""
+    from pathlib import Path
+
+    import onnxruntime
+
+    from jaxops.onnx import load
+    path = Path(__file__).parent / "data" / "corpus" / name / "forward.onnx"
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (inp,) = sess.get_inputs()
+    x = rng.standard_normal(inp.shape).astype(np.float32)
+    (want,) = sess.run(None, {inp.name: x})
+    program = load(str(path))
+    forward = program.jit()
+    if name.startswith("deeplab") and jax.default_backend() == "cpu":
+        # of its 13 XLA convolutions (traced weights) the CPU keeps the stem's
+        count = lambda text: text.count("stablehlo.convolution")
+        assert count(jax.jit(program).lower(program.params, x).as_text()) == 13
+        assert count(forward.lower(x).as_text()) == 1
+    got = np.asarray(forward(x))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))

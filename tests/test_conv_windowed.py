@@ -75,11 +75,12 @@ def test_jit_vmap_and_second_order(rng, case):
     check_grads(f, (x0, w0), order=2, modes=("rev", "fwd"))
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
-def test_reduced_precision_rounds_once(rng, dtype):
+def test_reduced_precision_rounds_once(rng, dtype, channels_last):
     case = CASES[2]
     x, w = inputs(rng, case, dtype)
-    got = windowed_conv(x, w, *case[2:])
+    got = windowed_conv(x, w, *case[2:], channels_last=channels_last)
     want = xla_conv(x.astype(jnp.float32), w.astype(jnp.float32), *case[2:]).astype(dtype)
     assert got.dtype == dtype
     np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=float(jnp.finfo(dtype).eps))
@@ -200,3 +201,103 @@ def test_depthwise_sum_is_materialized_once(rng):
         pytest.skip("this jax cannot differentiate lax.optimization_barrier")
     x, w = inputs(rng, depthwise)
     check_grads(layer_norm_after(depthwise), (x, w), order=2, modes=["fwd", "rev"])
+
+
+# ---- channels last (the importer's Conv with a constant weight, on the CPU) ----
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-6), (jnp.float64, 1e-13)],
+                         ids=["f32", "f64"])
+def test_channels_last_matches_xla(rng, case, dtype, tol):
+    """windowed_conv's channels-last form: XLA's values and gradients (depthwise with a
+    multiplier, grouped, dense, lhs-dilated, cropped, 1-3 spatial dims)."""
+    x, w = inputs(rng, case, dtype)
+    y, vjp = jax.vjp(lambda x, w: windowed_conv(x, w, *case[2:], channels_last=True), x, w)
+    want, want_vjp = jax.vjp(lambda x, w: xla_conv(x, w, *case[2:]), x, w)
+    assert y.shape == want.shape and y.dtype == want.dtype
+    np.testing.assert_allclose(y, want, rtol=tol, atol=tol * float(jnp.abs(want).max()))
+    dy = jnp.asarray(rng.standard_normal(y.shape), dtype)
+    for got, exp in zip(vjp(dy), want_vjp(dy)):
+        np.testing.assert_allclose(got, exp, rtol=tol, atol=tol * float(jnp.abs(exp).max()))
+
+
+def _geometry(rng):
+    """A random 1-D or 2-D convolution: maps as small as the dilated kernel or smaller (taps
+    that read only padding), strides, uneven pads, group 1, 2 or depthwise."""
+    n = int(rng.integers(1, 3))
+    group = int(rng.choice([1, 2, 4]))
+    c, o = 4 * int(rng.integers(1, 4)), 4 * int(rng.integers(1, 3))
+    kernel = tuple(int(k) for k in rng.integers(1, 5, n))
+    dilations = tuple(int(d) for d in rng.integers(1, 7, n))
+    strides = tuple(int(s) for s in rng.integers(1, 3, n))
+    size = tuple(int(s) for s in rng.integers(1, 9, n))
+    padding = [tuple(int(p) for p in rng.integers(0, (k - 1) * d + 2, 2))
+               for k, d in zip(kernel, dilations)]
+    return (2, c, *size), (o, c // group, *kernel), strides, padding, dilations, group
+
+
+def test_channels_last_conv_general_random_geometries(rng):
+    """conv_general(channels_last=True) lowered for the CPU (taps that read only padding
+    dropped, small dense convolutions as channels-last im2col) equals XLA's convolution, on
+    fresh random inputs over 60 random geometries (a wrong trimmed pad or tap range moves the
+    output)."""
+    checked = 0
+    while checked < 60:
+        xs, ws, strides, padding, dilations, group = _geometry(rng)
+        padded = [i + lo + hi for i, (lo, hi) in zip(xs[2:], padding)]
+        if any(p < (k - 1) * d + 1 for p, k, d in zip(padded, ws[2:], dilations)):
+            continue  # no output
+        x = jnp.asarray(rng.standard_normal(xs), jnp.float32)
+        w = jnp.asarray(rng.standard_normal(ws), jnp.float32)
+        got = jax.jit(lambda x, w: conv_general(
+            x, w, strides, padding, dilations, group, dense=True, channels_last=True))(x, w)
+        want = xla_conv(x, w, strides, padding, dilations, group, None)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()),
+                                   err_msg=str((xs, ws, strides, padding, dilations, group)))
+        checked += 1
+
+
+def test_live_taps():
+    """A 3x3 convolution dilated 6 (pad 6) over a 4x4 map reads the input with its centre tap
+    only: conv_general's CPU form is then a 1x1 convolution (a matmul over the 16 input
+    channels, no 9-tap patches); dilated 2 over it, every tap reads some pixel."""
+    from jaxops.ops.conv import _live_taps
+    assert _live_taps((4, 4), (3, 3), (1, 1), [(6, 6)] * 2, (6, 6), (4, 4), None) == (
+        [(1, 2)] * 2, [(0, 0)] * 2)
+    assert _live_taps((4, 4), (3, 3), (1, 1), [(2, 2)] * 2, (2, 2), (4, 4), None) is None
+    # the first tap dead only: its begin pad goes, the end pad stays
+    assert _live_taps((3,), (3,), (1,), [(4, 2)], (2,), (3,), None) == ([(1, 3)], [(2, 2)])
+    x = jax.ShapeDtypeStruct((2, 16, 4, 4), jnp.float32)
+    w = jax.ShapeDtypeStruct((8, 16, 3, 3), jnp.float32)
+    f = jax.jit(lambda x, w: conv_general(x, w, (1, 1), [(6, 6)] * 2, (6, 6), 1, dense=True,
+                                          channels_last=True))
+    cpu = f.trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
+    assert "convolution" not in cpu and "dot_general" in cpu
+    assert "tensor<32x16xf32>" in cpu and "144" not in cpu  # [pixels, C] patches, no 9 * C
+    cuda = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "convolution" in cuda and "dot_general" not in cuda  # the GPU keeps XLA's
+
+
+def test_importer_conv_channels_last_for_a_constant_weight(rng):
+    """The importer's Conv takes the channels-last form where its weight is a constant
+    (program.jit() closes over the params): a small dense 3x3 is then a matmul on the CPU;
+    with the params traced (training, Module.eval) it stays XLA's convolution. Same values
+    either way; CUDA keeps XLA's convolution."""
+    from onnx import helper
+
+    from jaxops.onnx import load
+    from onnx_build import model
+    wv = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], ["x"], ["y"],
+              {"w": wv})
+    program = load(m)
+    x = jnp.asarray(rng.standard_normal((2, 16, 4, 4)), jnp.float32)
+    forward = program.jit()
+    traced = jax.jit(program)
+    assert "convolution" not in forward.lower(x).as_text()
+    assert "convolution" in traced.lower(program.params, x).as_text()
+    cuda = forward.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "convolution" in cuda
+    want = xla_conv(x, jnp.asarray(wv), (1, 1), [(1, 1)] * 2, (1, 1), 1, None)
+    for got in (forward(x), traced(program.params, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))

@@ -96,7 +96,8 @@ def _dimension_numbers(n):
     return "NC" + sp, "OI" + sp, "NC" + sp
 
 
-def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, precision=None):
+def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, precision=None,
+                  channels_last=False):
     """lax.conv_general_dilated of x [N, C, ...] and w [O, C / group, k...] (ONNX layouts) as a
     sum over the kernel window of strided slices of the padded (lhs-dilated) input: a
     depthwise convolution (C / group == 1) as elementwise multiply-adds, any other as one
@@ -105,7 +106,12 @@ def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, p
     slices and matmuls, no convolution).
 
     XLA:CPU runs a grouped convolution, and far worse its transposes, through a slow generic
-    loop; this runs 1.5-200x faster there (conv_general chooses it on the CPU only)."""
+    loop; this runs 1.5-200x faster there (conv_general chooses it on the CPU only).
+
+    channels_last=True: the same sums over x transposed to [N, ..., C] (_channels_last), for
+    an inference forward whose weights are constants (see conv_general)."""
+    if channels_last:
+        return _channels_last(x, w, strides, padding, dilations, group, lhs_dilation, precision)
     n, dtype = x.ndim - 2, x.dtype
     acc = rules.compute_dtype(dtype)
     x, w = x.astype(acc), w.astype(acc)
@@ -142,6 +148,51 @@ def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, p
                             precision=precision)
         y = jnp.transpose(y, (1, 0, 3, 2)).reshape(n_batch, c_out, *out)
     return y.astype(dtype)
+
+
+def _channels_last(x, w, strides, padding, dilations, group, lhs_dilation, precision):
+    """windowed_conv over x laid out [N, ..., C] (transposed in, the result transposed back).
+
+    XLA:CPU keeps its convolutions' and matmuls' activations channels last; the NCHW slices
+    made it transpose every activation between them, in fusions that also computed the
+    elementwise ops before the convolution (EfficientNet's BatchNorm + SiLU + pad before a
+    depthwise convolution). Channels last, those transposes cancel out, a tap's slice is
+    whole rows of channels and a depthwise tap multiplies them by one weight vector:
+    EfficientNet's jitted forward 0.36 -> 0.21 ms, MobileNetV3's 0.87x, RegNet's 0.92x (one
+    core, 2026-11-24). The weight is transposed instead: free where it is a constant (folded
+    when compiling); where it is traced a training step ran 1.01-1.11x slower (its gradient
+    ops read the activations as NCHW), so only constant weights take this form."""
+    n, dtype = x.ndim - 2, x.dtype
+    acc = rules.compute_dtype(dtype)
+    x, w = x.astype(acc), w.astype(acc)
+    lhs_dilation = tuple(lhs_dilation or (1,) * n)
+    xp = lax.pad(jnp.transpose(x, (0, *range(2, n + 2), 1)), jnp.zeros((), acc),
+                 [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)]
+                 + [(0, 0, 0)])
+    kernel = w.shape[2:]
+    out = _out_sizes(xp.shape[1:-1], kernel, strides, dilations)
+    windows = []
+    for ks in itertools.product(*map(range, kernel)):
+        start = [0] + [k * d for k, d in zip(ks, dilations)] + [0]
+        limit = [xp.shape[0], *(b + (o - 1) * s + 1 for b, o, s in zip(start[1:], out, strides)),
+                 xp.shape[-1]]
+        windows.append(lax.slice(xp, start, limit, (1, *strides, 1)))
+    n_batch, c_out = x.shape[0], w.shape[0]
+    c_group, o_group, taps = x.shape[1] // group, c_out // group, len(windows)
+    w = w.reshape(c_out, c_group, taps)
+    if c_group == 1:  # depthwise (o_group: the channel multiplier)
+        terms = (jnp.repeat(win, o_group, axis=-1) * w[:, 0, k] for k, win in enumerate(windows))
+        y = _materialized(functools.reduce(jnp.add, terms))  # once: see windowed_conv
+    elif group == 1:  # [pixels, K * C] . [K * C, O]
+        patches = jnp.concatenate(windows, axis=-1).reshape(-1, taps * c_group)
+        y = jnp.dot(patches, jnp.transpose(w, (2, 1, 0)).reshape(taps * c_group, c_out),
+                    precision=precision).reshape(n_batch, *out, c_out)
+    else:  # [pixels, K, G, C/G] . [G, K, C/G, O/G] -> [pixels, G, O/G]
+        patches = jnp.stack(windows, axis=-2).reshape(-1, taps, group, c_group)
+        wg = jnp.transpose(w.reshape(group, o_group, c_group, taps), (0, 3, 2, 1))
+        y = jnp.einsum("pkgc,gkco->pgo", patches, wg,
+                       precision=precision).reshape(n_batch, *out, c_out)
+    return jnp.transpose(y, (0, n + 1, *range(1, n + 1))).astype(dtype)
 
 
 def grouped_conv_dx(dy, w, x_shape, strides, padding, dilations, group, lhs_dilation=None):
@@ -256,7 +307,7 @@ def _out_sizes(padded, kernel, strides, dilations):
 
 
 def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
-                 precision=lax.Precision.HIGHEST, dense=False):
+                 precision=lax.Precision.HIGHEST, dense=False, channels_last=False):
     """lax.conv_general_dilated in ONNX layouts (NC..., OI...): XLA's convolution, except that
     a grouped one lowered for the CPU is windowed_conv there. (Other dense ones stay XLA's:
     their windowed filter gradient, 1.4-7x faster at the corpus's sizes, summed in another
@@ -270,10 +321,16 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     windows (patchify: the patches are the input reordered). MobileNetV3's forward 15-25%
     faster on one core with the first two (measured 2026-11-24, interleaved with ORT); their
     gradients in a training step: RegNet 0.81x, EfficientNet 0.87x the time, the patchify
-    ones ConvNeXt/Swin/ViT 0.87-0.91x (2026-11-24, one core, interleaved)."""
+    ones ConvNeXt/Swin/ViT 0.87-0.91x (2026-11-24, one core, interleaved).
+
+    channels_last=True (the importer's Conv where the weight is a constant: an inference
+    forward such as `program.jit()`), on the CPU only: windowed_conv's channels-last form,
+    also for small dense convolutions (_small_patches), and without the kernel taps that read
+    only padding (_live_taps: a dilated convolution over a feature map no wider than its
+    dilation is a 1x1 one)."""
     n = x.ndim - 2
 
-    def xla(x, w):
+    def xla(x, w, padding=padding):
         return lax.conv_general_dilated(
             x, w, window_strides=strides, padding=padding, lhs_dilation=lhs_dilation,
             rhs_dilation=dilations, dimension_numbers=_dimension_numbers(n),
@@ -282,31 +339,79 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     padded = [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi)
               in zip(x.shape[2:], lhs_dilation or (1,) * n, padding)]
     out = _out_sizes(padded, w.shape[2:], strides, dilations)
-    if min(out) < 1 or (group == 1 and not (dense and _windowed_dense(
-            x, w, padding, dilations, lhs_dilation, strides))):
+    if min(out) < 1:
         return xla(x, w)
+    live = _live_taps(x.shape[2:], w.shape[2:], strides, padding, dilations, out,
+                      lhs_dilation) if channels_last else None
+    cpu_padding = padding if live is None else live[1]
+    cpu_kernel = w.shape[2:] if live is None else tuple(b - a for a, b in live[0])
+    windowed = group > 1 or (dense and _windowed_dense(
+        x, cpu_kernel, cpu_padding, dilations, lhs_dilation, strides, channels_last))
+    if live is None and not windowed:
+        return xla(x, w)
+
+    def cpu(x, w):
+        if live is not None:
+            w = w[(slice(None),) * 2 + tuple(slice(a, b) for a, b in live[0])]
+        if windowed:
+            return windowed_conv(x, w, strides, cpu_padding, dilations, group, lhs_dilation,
+                                 precision, channels_last)
+        return xla(x, w, cpu_padding)
     # the platform is chosen when lowering: the compiler never sees a conditional
-    return lax.platform_dependent(
-        x, w, cpu=lambda x, w: windowed_conv(x, w, strides, padding, dilations, group,
-                                             lhs_dilation, precision), default=xla)
+    return lax.platform_dependent(x, w, cpu=cpu, default=xla)
 
 
-def _windowed_dense(x, w, padding, dilations, lhs_dilation, strides):
+def _live_taps(spatial, kernel, strides, padding, dilations, out, lhs_dilation):
+    """((first, stop) kernel taps per dim, their padding) of the taps that read the input at
+    some output, or None where every tap does (or none does). A tap k reads positions
+    o * stride + k * dilation - pad_begin: its live ones form one range of k."""
+    if lhs_dilation is not None and any(d != 1 for d in lhs_dilation):
+        return None
+    taps, pads = [], []
+    for size, k, s, d, (lo, hi), o in zip(spatial, kernel, strides, dilations, padding, out):
+        live = [t for t in range(k)
+                if any(0 <= i * s + t * d - lo < size for i in range(o))]
+        if not live:
+            return None
+        first, stop = live[0], live[-1] + 1
+        # the same outputs: the begin pad shrinks by the dropped first taps, the end pad by
+        # the dropped last ones (a negative one, a crop, is left to XLA's convolution)
+        taps.append((first, stop))
+        pads.append((lo - first * d, hi - (k - stop) * d))
+    if all(t == (0, k) for t, k in zip(taps, kernel)) or min(min(p) for p in pads) < 0:
+        return None
+    return taps, pads
+
+
+def _windowed_dense(x, kernel, padding, dilations, lhs_dilation, strides, channels_last=False):
     """Whether windowed_conv beats XLA:CPU at this group-1 convolution (conv_general's dense)."""
     if lhs_dilation is not None and any(d != 1 for d in lhs_dilation):
         return False
-    kernel = w.shape[2:]
     if all(k == 1 for k in kernel) and all(p == (0, 0) for p in padding):
         return True
     if all(d == 1 for d in dilations) and x.shape[1] * math.prod(kernel) <= 32:
         return True
+    if channels_last and _small_patches(x, kernel, padding, dilations, strides):
+        return True
     # a 7x7 stem stays XLA's: its patch matrix cost more than XLA's convolution (231 vs 288 us)
-    return _patchify(w, strides, padding, dilations)
+    return _patchify(kernel, strides, padding, dilations)
 
 
-def _patchify(w, strides, padding, dilations):
+def _small_patches(x, kernel, padding, dilations, strides):
+    """A patch matrix of at most 2**17 elements (512 KiB in f32) with rows of >= 8 channels:
+    there channels-last im2col and one matmul beat XLA:CPU's convolution, whose cost a call is
+    ~5-10 us more on these small ones (DeepLabV3's 3x3s on 4x4 and 8x8 maps: its backbone
+    0.82x, its head 0.69x the time, one core). ResNet's forward ran 1.16x slower with every 3x3
+    so (64x64 maps), and a 3-channel 7x7 stem's 49 slices of 3 values cost more than XLA's
+    convolution (0.25 vs 0.21 ms)."""
+    padded = [i + lo + hi for i, (lo, hi) in zip(x.shape[2:], padding)]
+    pixels = x.shape[0] * math.prod(_out_sizes(padded, kernel, strides, dilations))
+    return x.shape[1] >= 8 and pixels * x.shape[1] * math.prod(kernel) <= 1 << 17
+
+
+def _patchify(kernel, strides, padding, dilations):
     """Non-overlapping windows (strides == kernel, unpadded): the patches are x reordered."""
-    return (tuple(strides) == tuple(w.shape[2:]) and all(p == (0, 0) for p in padding)
+    return (tuple(strides) == tuple(kernel) and all(p == (0, 0) for p in padding)
             and all(d == 1 for d in dilations))
 
 

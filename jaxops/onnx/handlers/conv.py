@@ -29,9 +29,12 @@ def conv(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
     padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
     _dims(nd)  # rank check
     # grouped, depthwise, 1x1 and stem convolutions: a formulation that XLA:CPU runs well, on
-    # the CPU only (the gradient of a training graph is ConvGrad's, which keeps XLA's dense ones)
+    # the CPU only (the gradient of a training graph is ConvGrad's, which keeps XLA's dense ones).
+    # A constant weight (an inference forward: program.jit() closes over the params) takes the
+    # channels-last form there; a traced one (training, Module.eval) keeps the NCHW one, whose
+    # activations the training graph's gradient ops read as they lie
     y = conv_general(x, w.astype(x.dtype), strides, padding, dilations, group, precision=None,
-                     dense=True)
+                     dense=True, channels_last=ctx.is_static(w))
     if b is not None:
         y = y + b.reshape((-1,) + (1,) * nd)
     return y

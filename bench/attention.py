@@ -9,6 +9,8 @@ calls with one sync):
   written out   scores, softmax (SoftmaxGrad_13 kernel in the backward), product with V
   jax pallas    jax.experimental.pallas.ops.gpu.attention.mha (what the rewrite ran before)
   jaxops flash  jaxops/_src/flash_attention.py
+  jaxops packed the same on one [B, T, 3, N, H] operand (a fused QKV projection's output; the
+                row includes stacking Q, K, V into it and its gradient out of it)
   cudnn bf16    jax.nn.dot_product_attention on bf16 copies (cuDNN; the bf16 policy's kernel)
 Each float32 row also prints its largest error against an IEEE float32 reference, scaled by
 the reference's largest magnitude. --sweep times the flash kernel's tile settings instead.
@@ -50,8 +52,12 @@ def impls(scale):
         return jax.nn.dot_product_attention(b(q), b(k), b(v), scale=scale,
                                             implementation="cudnn")
 
+    def packed(q, k, v):  # what a fused QKV projection's graph runs (the stack not timed apart)
+        return fa.flash_attention_packed(jnp.stack([q, k, v], axis=2), scale)
+
     return {"written out": written, "jax pallas": pallas,
-            "jaxops flash": lambda q, k, v: fa.flash_attention(q, k, v, scale), "cudnn bf16": cudnn}
+            "jaxops flash": lambda q, k, v: fa.flash_attention(q, k, v, scale),
+            "jaxops packed": packed, "cudnn bf16": cudnn}
 
 
 def _reference(q, k, v, do, scale):
@@ -94,6 +100,7 @@ def main(argv=None):
     p.add_argument("--shapes", default="16x512x12x64,8x1024x12x64")
     p.add_argument("--impls", help="comma-separated row names (default: all)")
     p.add_argument("--sweep", choices=["fwd", "bwd"])
+    p.add_argument("--packed", action="store_true", help="sweep the packed-operand kernel")
     p.add_argument("--configs", help="sweep only these: q64k128w8s3,... (default: a grid)")
     args = p.parse_args(argv)
     for text in args.shapes.split(","):
@@ -103,7 +110,7 @@ def main(argv=None):
         want = _reference(*ops, scale)
         print(f"[B, T, N, H] = {list(shape)}")
         if args.sweep:
-            sweep(args.sweep, ops, scale, want, args.configs)
+            sweep(args.sweep, ops, scale, want, args.configs, args.packed)
             continue
         for name, fn in impls(scale).items():
             if args.impls and name not in args.impls.split(","):
@@ -117,7 +124,7 @@ def main(argv=None):
                 print(f"  {name:14s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
 
-def sweep(part, ops, scale, want, configs=None):
+def sweep(part, ops, scale, want, configs=None, packed=False):
     saved = dict(vars(fa.Blocks))
     grid = itertools.product((64, 128), (32, 64, 128), (4, 8), (1, 2, 3))
     if configs:
@@ -131,7 +138,7 @@ def sweep(part, ops, scale, want, configs=None):
                 bq, bk, warps, stages)
         label = f"q{bq} k{bk} w{warps} s{stages}"
         try:
-            step = _step(lambda q, k, v: fa.flash_attention(q, k, v, scale))
+            step = _step(impls(scale)["jaxops packed" if packed else "jaxops flash"])
             ms = _ms(step, ops)
             print(f"  {part} {label:16s} {ms:8.3f} ms  err {_error(step(*ops), want):.1e}",
                   flush=True)

@@ -21,8 +21,12 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+try:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+    _dot = getattr(plgpu, "dot", None) or pl.dot  # jax < 0.9 keeps it in pallas itself
+except ImportError:  # a jax without Pallas' Triton backend: callers run the formula instead
+    pl = plgpu = None
 
 _LOG2E = math.log2(math.e)
 
@@ -35,7 +39,7 @@ class Blocks:
 
 def _fits(shape, dtype) -> bool:
     t, h = shape[1], shape[-1]
-    return (jax.default_backend() == "gpu" and dtype == jnp.float32 and t % 64 == 0
+    return (plgpu is not None and jax.default_backend() == "gpu" and dtype == jnp.float32 and t % 64 == 0
             and h in (16, 32, 64, 128))
 
 
@@ -72,11 +76,11 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, block_q, block_k,
     def body(j, carry):
         acc, m, l = carry
         rows = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
-        s = plgpu.dot(q, _read(k_ref, rows, sk), trans_b=True) * c
+        s = _dot(q, _read(k_ref, rows, sk), trans_b=True) * c
         m_new = jnp.maximum(m, s.max(axis=1))
         p = jnp.exp2(s - m_new[:, None])
         shrink = jnp.exp2(m - m_new)
-        acc = acc * shrink[:, None] + plgpu.dot(p, _read(v_ref, rows, sv))
+        acc = acc * shrink[:, None] + _dot(p, _read(v_ref, rows, sv))
         return acc, m_new, l * shrink + p.sum(axis=1)
 
     init = (jnp.zeros((block_q, head), jnp.float32),
@@ -107,11 +111,11 @@ def _bwd_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref,
         rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
         q, do = _read(q_ref, rows, sq), do_ref[rows, :]
         # the transposed scores [block_k, block_q]: dK and dV then need no transpose
-        p_t = jnp.exp2(plgpu.dot(k, q, trans_b=True) * c - lse_ref[rows][None, :])
-        dv = dv + plgpu.dot(p_t, do)
-        ds_t = p_t * (plgpu.dot(v, do, trans_b=True) - delta_ref[rows][None, :])
-        dk = dk + plgpu.dot(ds_t, q)
-        plgpu.atomic_add(dq_ref, dq_at(rows), plgpu.dot(ds_t, k, trans_a=True) * scale)
+        p_t = jnp.exp2(_dot(k, q, trans_b=True) * c - lse_ref[rows][None, :])
+        dv = dv + _dot(p_t, do)
+        ds_t = p_t * (_dot(v, do, trans_b=True) - delta_ref[rows][None, :])
+        dk = dk + _dot(ds_t, q)
+        plgpu.atomic_add(dq_ref, dq_at(rows), _dot(ds_t, k, trans_a=True) * scale)
         return dk, dv
 
     zeros = jnp.zeros((block_k, head), jnp.float32)

@@ -188,6 +188,36 @@ def test_training_step_tracks_the_written_out_graph(monkeypatch, precision):
         assert np.abs(np.asarray(g, np.float32) - g2).max() <= 5 * tol * scale, name
 
 
+@pytest.mark.parametrize("name", ["gpt2_ts", "gpt2_dynamo"])
+def test_gpt2_packed_qkv_gradients_match_the_written_out_graph(monkeypatch, name):
+    """GPT-2's c_attn split in three (both exporters; dynamo's Reshapes have allowzero=1):
+    both layers pass the projection packed, and the bf16 step's loss and gradients match the
+    written-out graph's (the backward node's packed gradient is the Concat it replaced)."""
+    from test_corpus import CORPUS, _reference
+
+    from jaxops.onnx.training import CheckpointState
+    ref, data = _reference(name)
+    d = CORPUS / name
+    graph = onnx.load(str(d / "training_model.onnx")).graph
+    packed = [n for n in fuse_attention(graph, 17).node if n.op_type == "FusedAttentionGrad"
+              and any(a.name == "packed" and a.i for a in n.attribute)]
+    assert len(packed) == 2
+    state = CheckpointState.load_checkpoint(d / "checkpoint").train_state
+    inputs = [data[f"in_{n}"][0] for n in ref["inputs"]]
+
+    def step():
+        tm = train_core.TrainingModel(d / "training_model.onnx", state, precision="bf16")
+        return jax.jit(tm.train_step)(tm.init(state), inputs)
+
+    outs, new = step()
+    monkeypatch.setenv("JAXOPS_DISABLE", "fused_attention")
+    outs2, new2 = step()
+    np.testing.assert_allclose(float(outs[0]), float(outs2[0]), rtol=1e-2)
+    for key, g in new.grads.items():
+        g2 = np.asarray(new2.grads[key], np.float32)
+        assert np.abs(np.asarray(g, np.float32) - g2).max() <= 5e-2 * (np.abs(g2).max() + 1e-6), key
+
+
 def _f32_formula(q, kt, v, scale):
     with jax.default_matmul_precision("float32"):
         p = jax.nn.softmax(jnp.matmul(q, kt) * scale, axis=-1)

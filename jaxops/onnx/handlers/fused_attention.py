@@ -182,8 +182,8 @@ def _packed_source(g, q, kt, v):
         t = g.producer.get(name)
         if not _is(t, "Transpose") or _attrs(t).get("perm") != perm:
             return None
-        r = g.producer.get(t.input[0])
-        if not _is(r, "Reshape") or _attrs(r).get("allowzero"):
+        r = g.producer.get(t.input[0])  # (any allowzero: the run-time shapes decide)
+        if not _is(r, "Reshape"):
             return None
         s = g.producer.get(r.input[0])
         if not _is(s, "Split") or (split is not None and s is not split):

@@ -51,6 +51,18 @@ Per-thunk times (jax.profiler.trace of a program compiled with compiler_options
 {"xla_cpu_enable_xprof_traceme": True}) showed ConvNeXt's depthwise 7x7 sum fused into each of
 its LayerNorm's three fusions and computed three times: windowed_conv now materializes a
 depthwise sum once (ops.conv._materialized).
+Then (gpt2_dynamo, bert_ts, one core, 2026-11-24, us a call, A/B in one process): the steps
+close over the packed layouts (as jit's static argument they were hashed every call, 2 us);
+lazy_reset_grad's flag, the optimizer's step count and learning rate go in as device arrays
+(a numpy scalar argument cost 2-7 us: the rate alone 6.6 us); eval takes no gradient buffers.
+XLA:CPU copies each matrix out of the packed buffer before its dot (gpt2_dynamo's eval: 9 copy
+thunks); keeping the 2-D parameters as arrays of their own between eval calls (sliced once)
+took gpt2_dynamo's and whisper_ts's eval 11% and 8% less but bert_ts's, mistral_ts's, t5_ts's,
+vit_dynamo's and convnext_ts's 5-12% more (random call order, 800 calls): not done. Left:
+numpy inputs cost ~7 us each in the eval call (gpt2_dynamo's three int64 ones: 111 vs 87 with
+jax arrays; 64-byte aligned int32: 97; packed into one host buffer: no faster); a jitted call's
+~16 us floor; the optimizer is XLA's call plus the AdamW kernel (gpt2_dynamo: 61 us; the same
+update as an XLA fusion 61, a donated pass-through of its 4 buffers 15).
 Interleaving costs each side some cache warmth: the same jaxops step timed right after another
 jaxops step was 5-8% faster than right after ORT's.
 """

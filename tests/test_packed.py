@@ -1,5 +1,6 @@
 """jaxops.onnx.packed: the ORT-API mirror keeps parameters, gradients and moments in one flat
 buffer per dtype, so a step's jitted call gets a few buffers; values equal the per-name path."""
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -91,9 +92,9 @@ def test_partial_moments_stay_by_name():
     _assert_same(packed.unpack(), state)
 
 
-def _session(optimizer_model=MLP / "optimizer_model.onnx"):
+def _session(optimizer_model=MLP / "optimizer_model.onnx", eval_model=None):
     state = CheckpointState.load_checkpoint(MLP / "checkpoint")
-    module = Module(MLP / "training_model.onnx", state)
+    module = Module(MLP / "training_model.onnx", state, eval_model)
     optimizer = Optimizer(optimizer_model, module)
     optimizer.set_learning_rate(LR)
     return state, module, optimizer
@@ -210,3 +211,121 @@ def test_parameter_writes_and_reads_between_steps():
     saved = state._to_checkpoint(include_optimizer_state=True)
     assert saved.optimizer["group0"].step == 2
     assert set(saved.optimizer["group0"].states) == set(module.core.trained)
+
+
+def test_eval_step_takes_only_the_parameter_buffers(monkeypatch):
+    """Module.eval()'s jitted step is handed the parameters' buffers and the inputs, not the
+    gradients (a train step's), and is traced once per layouts."""
+    state, module, optimizer = _session(eval_model=MLP / "eval_model.onnx")
+    x, y = _batches()[0]
+    seen = []
+    real = PackedState.from_buffers.__func__
+    monkeypatch.setattr(PackedState, "from_buffers", classmethod(
+        lambda cls, static, **b: seen.append(sorted(b)) or real(cls, static, **b)))
+    module(x, y)
+    optimizer.step()
+    module.eval()
+    want = float(module.core.eval_step(state.train_state, [x, y])[0])
+    losses = [float(module(x, y)) for _ in range(3)]
+    assert seen == [["grads", "rest", "trained"],  # traced once each
+                    ["grads", "moments", "other_moments", "rest", "step", "trained"],
+                    ["rest", "trained"]]
+    np.testing.assert_allclose(losses, [want] * 3, rtol=1e-6)
+    p = state._packed
+    step = module._steps.get("eval", p)
+    assert step is module._steps.get("eval", p.replace(grads={}))  # made once per layouts
+    # its arguments: the one trained buffer (mlp: nothing in rest) and the 2 inputs
+    assert len(jax.tree.leaves(step.lower(p.trained, p.rest, [x, y]).args_info)) == 3
+
+
+def test_steps_hash_no_layout_per_call(monkeypatch):
+    """The layouts are closed over by the jitted steps, not static arguments that jit would
+    hash every call (2 us a call with bert_ts's)."""
+    state, module, optimizer = _session(eval_model=MLP / "eval_model.onnx")
+    x, y = _batches()[0]
+    for _ in range(2):
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    module.eval()
+    module(x, y)
+    module.train()
+    hashes = []
+    real = Layout.__hash__
+    monkeypatch.setattr(Layout, "__hash__", lambda self: hashes.append(1) or real(self))
+    for _ in range(3):
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    module.eval()
+    module(x, y)
+    assert hashes == []
+    # equal layouts in new objects: the same step, looked up by value
+    fresh = PackedState.pack(state.train_state, module._trained)
+    assert fresh.layout is not state._packed.layout
+    assert module._steps.get("eval", fresh) is module._steps.get("eval", state._packed)
+    assert hashes
+
+
+def test_optimizer_hands_back_its_device_step_count():
+    """After the first update the step count goes to the next one as the device array the
+    update returned (no host-to-device copy); a count set from outside is used as set."""
+    state, module, optimizer = _session()
+    x, y = _batches()[0]
+    for _ in range(2):
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    host, device = optimizer._count
+    assert state._packed.step is host and int(host) == 2
+    assert isinstance(device, jax.Array) and int(device) == 2
+    # a step count written from outside (a resumed schedule) is the one used: the same
+    # state in a fresh session takes the same step
+    written = state.train_state.replace(step=np.int64(10))
+    state.train_state = written
+    other, module2, optimizer2 = _session()
+    other.train_state = written
+    module2.lazy_reset_grad()
+    for m, o in ((module, optimizer), (module2, optimizer2)):
+        m(x, y)
+        o.step()
+    assert int(state.train_state.step) == int(other.train_state.step) == 11
+    _assert_same(state.train_state, other.train_state)
+
+
+def test_replace_keeps_the_rest_and_checks_names():
+    state, trained = _state()
+    packed = PackedState.pack(state, trained)
+    new = packed.replace(step=np.int64(4))
+    assert new.step == 4 and packed.step == 3 and new.trained is packed.trained
+    assert new.layout is packed.layout and type(new) is PackedState
+    assert jax.tree.structure(new) == jax.tree.structure(packed)
+    with pytest.raises(TypeError, match="not fields of a PackedState: \\['stepp'\\]"):
+        packed.replace(stepp=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        new.step = 5
+
+
+def test_learning_rate_changes_reach_the_update():
+    """The update hands its learning rate back on the device for the next step while the rate
+    is unchanged; a new rate is the one the next update uses (the per-name Trainer's steps
+    at the same rates give the same state)."""
+    state, module, optimizer = _session()
+    lrs = [LR, LR, LR / 4, 0.0]
+    for (x, y), lr in zip(_batches() + _batches()[:1], lrs):
+        optimizer.set_learning_rate(lr)
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+        rate, on_device = optimizer._lr_on_device
+        assert rate == lr and isinstance(on_device, jax.Array) and on_device == np.float32(lr)
+    ts = TrainState.from_checkpoint(C.load(MLP / "checkpoint"))
+    model = TrainingModel(MLP / "training_model.onnx", ts)
+    opt = OptimizerModel(MLP / "optimizer_model.onnx", model)
+    ts = opt.init(model.init(ts))
+    step = jax.jit(Trainer(model, opt).step)
+    for (x, y), lr in zip(_batches() + _batches()[:1], lrs):
+        _, ts = step(ts, [x, y], np.float32(lr))
+    ours = state.train_state
+    for name, value in ts.params.items():
+        np.testing.assert_allclose(ours.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)

@@ -95,6 +95,10 @@ def _operands(shape):
     return [jax.random.normal(key, shape, jnp.float32) for key in keys]
 
 
+def cases(quick):  # noqa: ARG001 (python -m bench's family protocol: its own command instead)
+    return []
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="16x512x12x64,8x1024x12x64")

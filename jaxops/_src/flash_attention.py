@@ -48,8 +48,8 @@ class Blocks:
 
 def _fits(shape, dtype) -> bool:
     t, h = shape[1], shape[-1]
-    return (plgpu is not None and jax.default_backend() == "gpu" and dtype == jnp.float32 and t % 64 == 0
-            and h in (16, 32, 64, 128))
+    return (plgpu is not None and jax.default_backend() == "gpu" and dtype == jnp.float32
+            and t % 64 == 0 and h in (16, 32, 64, 128))
 
 
 def applies(q, k, v) -> bool:

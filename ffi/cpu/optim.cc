@@ -7,6 +7,12 @@
 #include "jaxops/optim.h"
 #include "jaxops/registry.h"
 
+#if defined(__GNUC__) || defined(__clang__)
+#define JAXOPS_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define JAXOPS_ALWAYS_INLINE inline
+#endif
+
 namespace jaxops::optim {
 namespace {
 
@@ -17,10 +23,10 @@ void copy_if_distinct(const ffi::AnyBuffer& in, ffi::AnyBuffer out) {
 }
 
 // One tensor's update. The buffers never overlap (restrict) and the mode is fixed per loop,
-// so the compiler vectorizes it.
+// so the compiler vectorizes it. Inlined into each ISA's copy below (adamw_loop_isa).
 template <int Mode, typename A, typename W, typename G>
-void adamw_loop_mode(const AdamW<A> c, W* __restrict w, const G* __restrict g, W* __restrict m1,
-                     W* __restrict m2, int64_t n) {
+JAXOPS_ALWAYS_INLINE void adamw_elems(const AdamW<A> c, W* __restrict w, const G* __restrict g,
+                                      W* __restrict m1, W* __restrict m2, int64_t n) {
   for (int64_t k = 0; k < n; ++k) {
     A wv = load(w, k), a = load(m1, k), b = load(m2, k);
     c.template update_mode<Mode>(wv, A(load(g, k)), a, b);
@@ -30,10 +36,47 @@ void adamw_loop_mode(const AdamW<A> c, W* __restrict w, const G* __restrict g, W
   }
 }
 
+// Mode 1 tests wd > 0 per element: tested here too, it is known inside each loop, which then
+// has no branch (GCC unswitched the f32 loop itself, not the 16-bit ones).
+template <int Mode, typename A, typename W, typename G>
+JAXOPS_ALWAYS_INLINE void adamw_loop_mode(const AdamW<A>& c, W* w, const G* g, W* m1, W* m2,
+                                          int64_t n) {
+  if (Mode == 1 && c.wd > A(0)) adamw_elems<Mode>(c, w, g, m1, m2, n);
+  else adamw_elems<Mode>(c, w, g, m1, m2, n);
+}
+
+// Each element costs a sqrt and one (mode 1) or two (mode 0) divisions, whose throughput
+// bounds the loop: 256-bit vectors run it 1.4-2x faster than the baseline's 128-bit ones
+// (gpt2_dynamo's 30592 f32 parameters, mode 1: 22 -> 13 us on one Zen 4 core). So x86-64
+// builds carry an AVX2 copy, picked at run time; the baseline build stays generic x86-64.
+// AVX2 without FMA: no multiply-add is contracted, so both copies round every operation
+// alike and give the same bits (ORT's up to its own contractions) on every machine.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define JAXOPS_AVX2_COPY 1
+template <int Mode, typename A, typename W, typename G>
+__attribute__((target("avx2"))) void adamw_loop_avx2(const AdamW<A>& c, W* w, const G* g, W* m1,
+                                                     W* m2, int64_t n) {
+  adamw_loop_mode<Mode>(c, w, g, m1, m2, n);
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");  // also checks the OS saves YMM
+  return yes;
+}
+#endif
+
+template <int Mode, typename A, typename W, typename G>
+void adamw_loop_isa(const AdamW<A>& c, W* w, const G* g, W* m1, W* m2, int64_t n) {
+#ifdef JAXOPS_AVX2_COPY
+  if (has_avx2()) return adamw_loop_avx2<Mode>(c, w, g, m1, m2, n);
+#endif
+  adamw_loop_mode<Mode>(c, w, g, m1, m2, n);
+}
+
 template <typename A, typename W, typename G>
 void adamw_loop(const AdamW<A>& c, W* w, const G* g, W* m1, W* m2, int64_t n) {
-  if (c.mode == 0) adamw_loop_mode<0>(c, w, g, m1, m2, n);
-  else adamw_loop_mode<1>(c, w, g, m1, m2, n);
+  if (c.mode == 0) adamw_loop_isa<0>(c, w, g, m1, m2, n);
+  else adamw_loop_isa<1>(c, w, g, m1, m2, n);
 }
 
 ffi::Error adamw(ffi::AnyBuffer lr, ffi::AnyBuffer step, ffi::AnyBuffer signal,

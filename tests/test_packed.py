@@ -327,5 +327,7 @@ def test_learning_rate_changes_reach_the_update():
     for (x, y), lr in zip(_batches() + _batches()[:1], lrs):
         _, ts = step(ts, [x, y], np.float32(lr))
     ours = state.train_state
+    # another XLA program than the Trainer's: on an H100 its steps differ by ulps (see
+    # test_ort_api_steps_equal_the_per_name_trainer); a stale rate moves them by far more
     for name, value in ts.params.items():
-        np.testing.assert_allclose(ours.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(ours.params[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -14,9 +14,11 @@ which run cuDNN's flash attention (jax.nn.dot_product_attention) on a GPU for bf
 of a head size it takes, and elsewhere the graph's own formula, as the policy runs the nodes
 (bf16 products, the softmax in float32). Float32 graphs are rewritten too when jax runs on a
 GPU: there float32 operands take jaxops' own flash attention (Pallas; no bias, lengths a
-multiple of 64, power-of-2 head sizes), otherwise the written-out formula with ORT's SoftmaxGrad_13 kernel in
-its backward, as unfused. Both nodes call the same jax.vjp on the same operands, so XLA keeps
-one forward a layer (the backward's training forward). cuDNN
+multiple of 64, power-of-2 head sizes), otherwise the written-out formula with ORT's
+SoftmaxGrad_13 kernel in its backward, as unfused. Where Q, K and V are thirds of one fused QKV
+projection, both nodes also take the projection itself and the backward node makes its
+gradient (_packed_source, _packed_gradient). Both nodes call the same jax.vjp on the same
+operands, so XLA keeps one forward a layer (the backward's training forward). cuDNN
 keeps scores and probabilities in float32 inside the kernel and rounds the probabilities to
 bf16 before the product with V, as the policy's own MatMul reads them. An
 additive mask or bias between the scale and the softmax (Add) is taken along when nothing

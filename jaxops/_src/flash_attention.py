@@ -8,9 +8,10 @@ comes out packed, with no concatenation after). cuDNN's flash attention takes f1
 these kernels keep float32 operands, their products at the matmul precision in force (TF32 by
 default on a GPU, IEEE under "float32").
 
-The backward follows FlashAttention-2: one program per key block loops over the query blocks,
-keeps dK and dV in registers and adds each query block's share of dQ into a float32 buffer
-with atomics, so every product of the backward is computed once (five matmuls a block pair).
+The backward follows FlashAttention-2 in two passes: one program per key block loops over the
+query blocks and keeps dK and dV in registers; then one program per query block loops over the
+key blocks for dQ, recomputing the scores and dS (two more matmuls a block pair than adding dQ
+up with atomics, yet 2-6% faster on an H100, and the same bits every run).
 Scores are kept in base 2 (exp2 of log2(e)-scaled scores), the log-sum-exp likewise.
 """
 from __future__ import annotations
@@ -99,44 +100,53 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, block_q, block_k,
     lse_ref[...] = m + jnp.log2(l)
 
 
-def _bwd_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref, *,
-                scale, block_q, block_k, slots):
+def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, scale,
+                 block_q, block_k, slots):
     sq, sk, sv = slots
-    j = pl.program_id(0)
-    rows_k = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
+    rows_k = pl.ds(pl.multiple_of(pl.program_id(0) * block_k, block_k), block_k)
     k, v = _read(k_ref, rows_k, sk), _read(v_ref, rows_k, sv)
-    head = k.shape[1]
     c = scale * _LOG2E
-    n_q = do_ref.shape[0] // block_q
-    zero = jnp.int32(0)
-    dq_at = (lambda rows: (rows, pl.ds(zero, head))) if sq is None else (
-        lambda rows: (rows, jnp.int32(sq), pl.ds(zero, head)))
 
     def body(i, carry):
         dk, dv = carry
-        # each key block starts at its own query block: the dQ atomics of concurrent programs
-        # land on different rows (3-12% faster than all starting at 0)
-        i = lax.rem(i.astype(jnp.int32) + j, jnp.int32(n_q))
         rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
         q, do = _read(q_ref, rows, sq), do_ref[rows, :]
         # the transposed scores [block_k, block_q]: dK and dV then need no transpose
         p_t = jnp.exp2(_dot(k, q, trans_b=True) * c - lse_ref[rows][None, :])
         dv = dv + _dot(p_t, do)
         ds_t = p_t * (_dot(v, do, trans_b=True) - delta_ref[rows][None, :])
-        dk = dk + _dot(ds_t, q)
-        plgpu.atomic_add(dq_ref, dq_at(rows), _dot(ds_t, k, trans_a=True) * scale)
-        return dk, dv
+        return dk + _dot(ds_t, q), dv
 
-    zeros = jnp.zeros((block_k, head), jnp.float32)
-    dk, dv = lax.fori_loop(0, n_q, body, (zeros, zeros))
+    zeros = jnp.zeros((block_k, k.shape[1]), jnp.float32)
+    dk, dv = lax.fori_loop(0, do_ref.shape[0] // block_q, body, (zeros, zeros))
     _write(dk_ref, rows_k, sk, dk * scale)
     _write(dv_ref, rows_k, sv, dv)
 
 
-def _prep_kernel(o_ref, do_ref, delta_ref, dq_ref):
-    """Each query row's sum(O * dO), and zeros where the backward adds dQ up."""
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, block_q,
+               block_k, slots):
+    """dQ of one query block: loops over the key blocks, recomputing P and dS."""
+    sq, sk, sv = slots
+    rows_q = pl.ds(pl.multiple_of(pl.program_id(0) * block_q, block_q), block_q)
+    q, do = _read(q_ref, rows_q, sq), do_ref[rows_q, :]
+    lse, delta = lse_ref[rows_q], delta_ref[rows_q]
+    c = scale * _LOG2E
+
+    def body(j, dq):
+        rows = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
+        k = _read(k_ref, rows, sk)
+        p = jnp.exp2(_dot(q, k, trans_b=True) * c - lse[:, None])
+        ds = p * (_dot(do, _read(v_ref, rows, sv), trans_b=True) - delta[:, None])
+        return dq + _dot(ds, k)
+
+    dq = lax.fori_loop(0, k_ref.shape[0] // block_k, body,
+                       jnp.zeros((block_q, q.shape[1]), jnp.float32))
+    _write(dq_ref, rows_q, sq, dq * scale)
+
+
+def _delta_kernel(o_ref, do_ref, delta_ref):
+    """Each query row's sum(O * dO)."""
     delta_ref[...] = jnp.sum(o_ref[...] * do_ref[...], axis=1)
-    dq_ref[...] = jnp.zeros(dq_ref.shape, dq_ref.dtype)
 
 
 def _tile(size, t):
@@ -175,49 +185,54 @@ def _forward(operands, packed, scale, interpret):
     )(*operands)
 
 
-def _prepare(o, do, packed, interpret):
-    """(delta, the dQ buffer: zeros in dQ's place, the rest of a packed one left unwritten, for
-    the backward writes it whole), one pass over O and dO."""
+def _delta(o, do, interpret):
     b, t, n, h = do.shape
     bq = _tile(Blocks.fwd_q, t)
     rows = pl.BlockSpec((None, bq, None, h), lambda i, bi, ni: (bi, i, ni, 0))
-    dq_rows = pl.BlockSpec((None, bq, None, None, h), lambda i, bi, ni: (bi, i, 0, ni, 0))
     return pl.pallas_call(
-        _prep_kernel, grid=(t // bq, b, n), in_specs=[rows, rows],
-        out_specs=[pl.BlockSpec((None, None, bq), lambda i, bi, ni: (bi, ni, i)),
-                   dq_rows if packed else rows],
-        out_shape=[jax.ShapeDtypeStruct((b, n, t), jnp.float32),
-                   jax.ShapeDtypeStruct((b, t, 3, n, h) if packed else do.shape, jnp.float32)],
-        interpret=interpret, name="jaxops_flash_bwd_prep_f32",
+        _delta_kernel, grid=(t // bq, b, n), in_specs=[rows, rows],
+        out_specs=pl.BlockSpec((None, None, bq), lambda i, bi, ni: (bi, ni, i)),
+        out_shape=jax.ShapeDtypeStruct((b, n, t), jnp.float32),
+        interpret=interpret, name="jaxops_flash_bwd_delta_f32",
     )(o, do)
 
 
 def _backward(operands, packed, o, lse, do, scale, interpret):
+    """dK and dV (one program per key block), then dQ (one per query block)."""
     b, t, n, h = do.shape
     block_q, block_k, warps, stages = Blocks.bwd()
-    bk = _tile(block_k, t)
-    delta, dq = _prepare(o, do, packed, interpret)
-    lse_spec = pl.BlockSpec((None, None, t), lambda j, bi, ni: (bi, ni, 0))
-    kernel = functools.partial(_bwd_kernel, scale=scale, block_q=_tile(block_q, t),
-                               block_k=bk, slots=_slots(packed))
+    bq, bk, slots = _tile(block_q, t), _tile(block_k, t), _slots(packed)
+    delta = _delta(o, do, interpret)
+    lse_spec = pl.BlockSpec((None, None, t), lambda *g: (g[-2], g[-1], 0))
     k_in = len(operands)
+    seq, whole = _seq_spec(t, h), _seq_spec(t, h, packed)
+    params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
+    grad_shape = jax.ShapeDtypeStruct((b, t, 3, n, h) if packed else do.shape, jnp.float32)
+    dkdv = functools.partial(_dkdv_kernel, scale=scale, block_q=bq, block_k=bk, slots=slots)
 
-    def body(*refs):
-        ins, outs = refs[:k_in + 4], refs[k_in + 4:]  # ins end with the dQ buffer
-        kernel(*(ins[:1] * 3 if packed else ins[:3]), *ins[k_in:k_in + 3],
-               *(outs * 3 if packed else outs))
+    def dkdv_body(*refs):
+        ins, outs = refs[:k_in + 3], refs[k_in + 3:]
+        dkdv(*(ins[:1] * 3 if packed else ins[:3]), *ins[k_in:], *(outs * 2 if packed else outs))
 
-    grads = pl.pallas_call(
-        body, grid=(t // bk, b, n),
-        in_specs=[_seq_spec(t, h, packed)] * k_in + [_seq_spec(t, h), lse_spec, lse_spec,
-                                                     _seq_spec(t, h, packed)],
-        out_specs=[_seq_spec(t, h, packed)] * k_in,
-        out_shape=[jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in operands],
-        input_output_aliases={k_in + 3: 0},  # dQ accumulates into the prepared zeros
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
-        interpret=interpret, name="jaxops_flash_bwd_f32",
-    )(*operands, do, lse, delta, dq)
-    return tuple(grads)
+    n_out = 1 if packed else 2
+    dk_dv = pl.pallas_call(
+        dkdv_body, grid=(t // bk, b, n), in_specs=[whole] * k_in + [seq, lse_spec, lse_spec],
+        out_specs=[whole] * n_out, out_shape=[grad_shape] * n_out, compiler_params=params,
+        interpret=interpret, name="jaxops_flash_bwd_dkdv_f32")(*operands, do, lse, delta)
+    dq_kernel = functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk, slots=slots)
+
+    def dq_body(*refs):
+        ins = refs[:k_in + 3]
+        dq_kernel(*(ins[:1] * 3 if packed else ins[:3]), *ins[k_in:], refs[-1])
+
+    extra = dk_dv[:1] if packed else []  # packed: dQ goes into slot 0 of the same buffer
+    dq = pl.pallas_call(
+        dq_body, grid=(t // bq, b, n),
+        in_specs=[whole] * k_in + [seq, lse_spec, lse_spec] + [whole] * len(extra),
+        out_specs=whole, out_shape=grad_shape, compiler_params=params,
+        input_output_aliases={k_in + 3: 0} if packed else {},
+        interpret=interpret, name="jaxops_flash_bwd_dq_f32")(*operands, do, lse, delta, *extra)
+    return (dq,) if packed else (dq, *dk_dv)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))

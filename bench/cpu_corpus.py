@@ -15,8 +15,9 @@ For each export of tests/data/corpus (tools/make_corpus.py's small configuration
            (the jitted forward, its params on the device and closed over) vs an
            InferenceSession.
 
-Times are medians of --reps calls after warm-up, jaxops and ORT interleaved call by call in one
-process (this machine's load moves both alike). Each thread setting runs in its own subprocess:
+Times are medians of --reps calls after warm-up, jaxops and ORT interleaved in one process
+(this machine's load moves both alike; the end says how). Each thread setting runs in its own
+subprocess:
 
   1    the worker process bound to one core (sched_setaffinity, before jax or ORT is
        imported: whatever threads either starts share that core) and ORT's
@@ -63,8 +64,11 @@ numpy inputs cost ~7 us each in the eval call (gpt2_dynamo's three int64 ones: 1
 jax arrays; 64-byte aligned int32: 97; packed into one host buffer: no faster); a jitted call's
 ~16 us floor; the optimizer is XLA's call plus the AdamW kernel (gpt2_dynamo: 61 us; the same
 update as an XLA fusion 61, a donated pass-through of its 4 buffers 15).
-Interleaving costs each side some cache warmth: the same jaxops step timed right after another
-jaxops step was 5-8% faster than right after ORT's.
+Interleaving costs each side some cache warmth (the same jaxops step timed right after another
+jaxops step was 5-8% faster than right after ORT's), and at `all` ORT's intra-op threads spin
+for ~30 ms after each call, one pinned to a core: a jaxops call timed then shared that core
+(resnet_ts' train step 18.2 ms right after ORT's, 16.0 ms 30 ms later). So each timed call now
+follows an untimed call of its own on idle threads (_timed, _settle).
 """
 from __future__ import annotations
 
@@ -102,12 +106,31 @@ def _ort():
     return capi
 
 
+def _settle(limit=0.3):
+    """Waits (up to limit seconds) until the process's threads stop using the CPU: ORT's
+    intra-op threads spin after a call returns (resnet_ts at 2 threads: ~31 ms of CPU
+    within 30 ms after its train step, one of them pinned to a core), and a call of the
+    other library made meanwhile lost that core (jaxops' step 18.2 ms right after ORT's,
+    16.0 ms 30 ms later; interleaved in one process, 2026-11-24)."""
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end:
+        c0 = time.process_time()
+        time.sleep(0.005)
+        if time.process_time() - c0 < 0.0005:
+            return
+
+
 def _timed(fns, reps):
     """Median seconds of each fn, called in turn reps times (interleaved), and the CPU time
-    each used per wall second (about 1 when pinned to one thread)."""
+    each used per wall second (about 1 when pinned to one thread). Each timed call comes
+    right after an untimed call of the same fn, on a process whose threads are idle
+    (_settle): each library as in its own loop, not running beside the other's spinning
+    threads nor on the caches the other left."""
     times, cpu = [[] for _ in fns], [0.0 for _ in fns]
     for _ in range(reps):
         for i, fn in enumerate(fns):
+            _settle()
+            fn()
             c0, t0 = time.process_time(), time.perf_counter()
             fn()
             times[i].append(time.perf_counter() - t0)

@@ -69,3 +69,33 @@ def test_ort_module_goes_before_its_checkpoint_state(monkeypatch):
     assert set(row) == {"train", "forward"}
     assert sorted(freed) == ["module", "optimizer", "state"]
     assert freed.index("state") > max(freed.index("module"), freed.index("optimizer"))
+
+
+def test_each_timed_call_follows_its_own_call_on_idle_threads(monkeypatch):
+    """_timed: every timed call comes right after an untimed call of the same side, after
+    _settle (ORT's spinning threads took a core from a jaxops call timed right after ORT's)."""
+    calls = []
+    monkeypatch.setattr(cpu_corpus, "_settle", lambda: calls.append("settle"))
+    times, cpu = cpu_corpus._timed([lambda: calls.append("a"), lambda: calls.append("b")], 2)
+    assert calls == ["settle", "a", "a", "settle", "b", "b"] * 2
+    assert len(times) == len(cpu) == 2
+
+
+def test_settle_waits_for_a_spinning_thread():
+    import threading
+    import time
+    stop = time.perf_counter() + 0.08
+
+    def spin():
+        while time.perf_counter() < stop:
+            pass
+    t = threading.Thread(target=spin)
+    t.start()
+    t0 = time.perf_counter()
+    cpu_corpus._settle()
+    waited = time.perf_counter() - t0
+    t.join()
+    assert waited >= 0.06  # not before the spinning stopped
+    t0 = time.perf_counter()
+    cpu_corpus._settle(limit=0.05)
+    assert time.perf_counter() - t0 < 0.05  # idle: at once

@@ -11,8 +11,8 @@ from jax import lax
 from jax.test_util import check_grads
 
 from jaxops import ops
-from jaxops.ops.conv import (conv_general, depthwise_conv_dw, grouped_conv_dx,
-                             windowed_conv)
+from jaxops.ops.conv import (conv_general, dense_conv_dw, depthwise_conv_dw, grouped_conv_dx,
+                             phase_conv, windowed_conv)
 
 # (x shape, w shape, strides, padding, dilations, group, lhs_dilation)
 CASES = [
@@ -119,15 +119,109 @@ def _conv_grad_lowered(xs, ws, outputs, platform="cpu", **attrs):
 
 def test_dense_conv_grad_stays_xla_on_the_cpu():
     """A dense ConvGrad is XLA's convolutions on the CPU too (conv_general's docstring), but
-    for the 1x1, image-stem and patchify ones, whose windowed forms are matmuls there."""
+    for the 1x1, image-stem and patchify ones, whose windowed forms are matmuls there, and
+    the dW of one with >= 16 input channels (dense_conv_dw: a matmul a tap)."""
     xs, ws = (2, 4, 16, 16), (4, 4, 3, 3)  # 4 channels x 9 taps: no stem
     assert "convolution" in _conv_grad_lowered(xs, ws, (False, True, False))
     assert "convolution" in _conv_grad_lowered(xs, ws, (True, False, False))
+    xs, ws = (2, 16, 16, 16), (8, 16, 3, 3)
+    dw = _conv_grad_lowered(xs, ws, (False, True, False), pads=[1] * 4)
+    assert "convolution" not in dw and dw.count("dot_general") == 9
+    assert "convolution" in _conv_grad_lowered(xs, ws, (True, False, False), pads=[1] * 4)
+    assert "convolution" in _conv_grad_lowered(xs, ws, (False, True, False), "cuda",
+                                               pads=[1] * 4)
+    # a 3-channel 7x7 stride-2 stem: dW through phase_conv, over 3 * 2 * 2 phase channels
+    xs, ws, attrs = (2, 3, 16, 16), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3] * 4}
+    assert "tensor<2x12x11x11xf32>" in _conv_grad_lowered(xs, ws, (False, True, False), **attrs)
+    assert "x12x" not in _conv_grad_lowered(xs, ws, (False, True, False), "cuda", **attrs)
     for xs, ws, attrs in [((2, 3, 16, 16), (8, 3, 3, 3), {"strides": [2, 2], "pads": [1] * 4}),
                           ((2, 16, 8, 8), (8, 16, 1, 1), {"strides": [2, 2]}),
                           ((2, 3, 16, 16), (8, 3, 4, 4), {"strides": [4, 4]})]:
         assert "convolution" not in _conv_grad_lowered(xs, ws, (True, True, False), **attrs)
         assert "convolution" in _conv_grad_lowered(xs, ws, (True, True, False), "cuda", **attrs)
+
+
+# (x shape, kernel, strides, padding, dilations): group-1 geometries for dense_conv_dw
+DENSE = [
+    ((2, 5, 9), (3,), (2,), [(1, 2)], (2,)),
+    ((2, 4, 7, 6), (3, 2), (2, 1), [(1, 0), (0, 2)], (1, 2)),
+    ((1, 3, 5, 4, 6), (2, 3, 2), (1, 2, 1), [(1, 1), (0, 1), (2, 0)], (2, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", DENSE, ids=["1d", "2d", "3d"])
+def test_dense_conv_dw_is_the_transpose(rng, case):
+    """dense_conv_dw is jax's transpose in w of XLA's group-1 convolution (strided, padded
+    unevenly, dilated, 1-3 spatial dims), and differentiable again."""
+    xs, kernel, strides, padding, dilations = case
+    x = jnp.asarray(rng.standard_normal(xs))
+    w = jnp.zeros((3, xs[1], *kernel))
+    y, vjp = jax.vjp(lambda w: xla_conv(x, w, strides, padding, dilations, 1, None), w)
+    dy = jnp.asarray(rng.standard_normal(y.shape))
+    dw = lambda dy, x: dense_conv_dw(dy, x, kernel, strides, padding, dilations)
+    np.testing.assert_allclose(dw(dy, x), vjp(dy)[0], rtol=1e-12, atol=1e-12)
+    check_grads(dw, (dy, x), order=2, modes=("rev", "fwd"))
+
+
+@pytest.mark.parametrize("dense", DENSE, ids=["1d", "2d", "3d"])
+def test_phase_conv_is_the_convolution(rng, dense):
+    """phase_conv (strides as phase channels) gives XLA's strided convolution and its
+    transpose in w (kernels the strides do not divide, uneven pads, 1-3 spatial dims)."""
+    xs, kernel, strides, padding, _ = dense
+    x = jnp.asarray(rng.standard_normal(xs))
+    w = jnp.asarray(rng.standard_normal((3, xs[1], *kernel)))
+    want, want_vjp = jax.vjp(lambda w: xla_conv(x, w, strides, padding, (1,) * len(kernel), 1,
+                                                None), w)
+    got, vjp = jax.vjp(lambda w: phase_conv(x, w, strides, padding), w)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    dy = jnp.asarray(rng.standard_normal(want.shape))
+    np.testing.assert_allclose(vjp(dy)[0], want_vjp(dy)[0], rtol=1e-12, atol=1e-12)
+
+
+# (x shape, w shape, strides, pads): dW through dense_conv_dw (16 channels) and phase_conv
+ON_CPU = [((2, 16, 9, 8), (6, 16, 3, 3), [2, 1], [1, 0, 2, 1]),
+          ((2, 3, 13, 12), (4, 3, 7, 5), [2, 3], [3, 2, 3, 1])]
+
+
+@pytest.mark.parametrize("case", ON_CPU, ids=["taps", "phases"])
+@pytest.mark.parametrize("dtype,tol", [(jnp.float64, 1e-12), (jnp.float16, 2e-3)],
+                         ids=["f64", "f16"])
+def test_dense_conv_grad_on_the_cpu(rng, case, dtype, tol):
+    """ConvGrad of a 16-channel strided, padded 3x3 convolution (dense_conv_dw) and of a
+    3-channel strided 7x5 one (phase_conv) gives jax's gradient of XLA's convolution on the
+    CPU (f16 accumulated in f32, rounded once)."""
+    xs, ws, strides, pads = case
+    attrs = {"strides": strides, "pads": pads}
+    x = jnp.asarray(rng.standard_normal(xs), dtype)
+    w = jnp.asarray(rng.standard_normal(ws), dtype)
+    f32 = lambda a: a.astype(jnp.float32) if dtype == jnp.float16 else a
+    padding = list(zip(pads[:2], pads[2:]))
+    y, vjp = jax.vjp(lambda x, w: xla_conv(x, w, strides, padding, (1, 1), 1, None),
+                     f32(x), f32(w))
+    dy = jnp.asarray(rng.standard_normal(y.shape), dtype)
+    dx, dw, _ = jax.jit(lambda *a: ops.conv_grad(*a, **attrs))(dy, x, w)
+    for got, want in zip((dx, dw), vjp(f32(dy))):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.float64(got), np.float64(want), rtol=tol,
+                                   atol=tol * float(jnp.abs(want).max()))
+
+
+def test_dense_conv_dw_batch_sharded(rng):
+    """dY and X sharded on the batch over 4 CPU devices: dense_conv_dw's dots reduce dW by an
+    all-reduce, never gathering the activations."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from helpers import on_cpu_devices
+    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
+    x = jnp.asarray(rng.standard_normal((4, 16, 6, 6)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((8, 16, 3, 3)), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((4, 8, 6, 6)), jnp.float32)
+    f = jax.jit(lambda dy, x, w: ops.conv_grad(dy, x, w, pads=[1] * 4, outputs=(False, True, False))[1])
+    on = NamedSharding(mesh, PartitionSpec("x"))
+    placed = (jax.device_put(dy, on), jax.device_put(x, on), w)
+    hlo = f.lower(*placed).compile().as_text()
+    assert "all-gather" not in hlo and "all-reduce" in hlo
+    np.testing.assert_allclose(f(*placed), f(dy, x, w), rtol=1e-5, atol=1e-4)
 
 
 GROUPED = [c for c in CASES if c[5] > 1]

@@ -12,7 +12,9 @@ lowered for the CPU, where XLA's grouped convolutions are slow, grouped convolut
 transposes of windowed_conv (slices and matmuls) instead, and so are the dense ones that
 windowed_conv runs faster there (conv_general's dense: 1x1, image stems, patchify); a
 grouped one's dX there and a depthwise one's dW are written out (grouped_conv_dx,
-depthwise_conv_dw), faster than jax's transposes. dB = sum of dY over batch and spatial
+depthwise_conv_dw), faster than jax's transposes, and so is a dense one's dW with >= 16
+input channels (dense_conv_dw: XLA:CPU's filter-gradient convolution is its slowest) or a
+strided one's with fewer (phase_conv's transpose). dB = sum of dY over batch and spatial
 dims. f16/bf16 convolve with f32 accumulation and are rounded once.
 
 Being XLA code, both ops support jit, vmap, gradients of any order and sharding (a
@@ -120,11 +122,7 @@ def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, p
                  [(0, 0, 0)] * 2 + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)])
     kernel = w.shape[2:]
     out = _out_sizes(xp.shape[2:], kernel, strides, dilations)
-    windows = []
-    for ks in itertools.product(*map(range, kernel)):
-        start = [0, 0] + [k * d for k, d in zip(ks, dilations)]
-        limit = [*xp.shape[:2], *(b + (o - 1) * s + 1 for b, o, s in zip(start[2:], out, strides))]
-        windows.append(lax.slice(xp, start, limit, (1, 1, *strides)))
+    windows = _tap_windows(xp, kernel, out, strides, dilations)
     n_batch, c_out = x.shape[0], w.shape[0]
     c_group, o_group = x.shape[1] // group, c_out // group
     w = w.reshape(c_out, c_group, len(windows))
@@ -271,16 +269,81 @@ def depthwise_conv_dw(dy, x, kernel, strides, padding, dilations, lhs_dilation=N
     c_in = x.shape[1]
     xp = lax.pad(x, jnp.zeros((), x.dtype),
                  [(0, 0, 0)] * 2 + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)])
-    out = dy.shape[2:]
-    windows = []
-    for ks in itertools.product(*map(range, kernel)):
-        start = [0, 0] + [k * d for k, d in zip(ks, dilations)]
-        limit = [n_batch, c_in, *(b + (o - 1) * s + 1 for b, o, s in zip(start[2:], out, strides))]
-        windows.append(lax.slice(xp, start, limit, (1, 1, *strides)))
+    windows = _tap_windows(xp, kernel, dy.shape[2:], strides, dilations)
     patches = jnp.stack(windows, axis=2).reshape(n_batch, c_in, len(windows), -1)
     dw = jnp.einsum("ncop,nckp->cok", dy.reshape(n_batch, c_in, c_out // c_in, -1), patches,
                     precision=lax.Precision.HIGHEST)
     return dw.reshape(c_out, 1, *kernel)
+
+
+def _tap_windows(xp, kernel, out, strides, dilations):
+    """The strided window of the padded xp [N, C, ...] that each kernel tap reads (taps in
+    row-major order), each [N, C, *out]."""
+    windows = []
+    for ks in itertools.product(*map(range, kernel)):
+        start = [0, 0] + [k * d for k, d in zip(ks, dilations)]
+        limit = [*xp.shape[:2], *(b + (o - 1) * s + 1 for b, o, s in zip(start[2:], out, strides))]
+        windows.append(lax.slice(xp, start, limit, (1, 1, *strides)))
+    return windows
+
+
+def dense_conv_dw(dy, x, kernel, strides, padding, dilations):
+    """The transpose in w of a group-1 convolution at dy [N, O, out...]: dw [O, C, *kernel]
+    in dy's dtype, one matmul a kernel tap (dy against the tap's strided window of the
+    padded x, contracted over batch and pixels).
+
+    XLA:CPU's own filter-gradient convolution puts the batch in its feature dim (2 in the
+    corpus) and ran ResNet's 3x3 ones at ~6 GFLOP/s: 3.2 ms for its 64->16 channel 32x32 one,
+    its largest thunk. Per tap, a window (N * C * pixels) is copied while still in cache
+    and one dot reads it: 0.86 ms on one core, 1.3 ms on two (XLA's: 3.2, 2.6); one
+    im2col matrix of every tap (windowed_conv's transpose) took 1.9 ms either way
+    (ResNet's shapes, batch 2, interleaved in one process, 2026-11-24). With few input
+    channels (a 3-channel stem) the taps' dots are too thin: ConvGrad keeps XLA's there
+    (_taps_dw)."""
+    n_batch, c_out = dy.shape[:2]
+    xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(lo, hi, 0) for lo, hi in padding])
+    d = dy.reshape(n_batch, c_out, -1)
+    taps = [lax.dot_general(d, win.reshape(n_batch, x.shape[1], -1), (((0, 2), (0, 2)), ((), ())),
+                            precision=lax.Precision.HIGHEST)
+            for win in _tap_windows(xp, kernel, dy.shape[2:], strides, dilations)]
+    return jnp.stack(taps, axis=-1).reshape(c_out, x.shape[1], *kernel)
+
+
+def phase_conv(x, w, strides, padding):
+    """A strided, undilated group-1 convolution of x [N, C, ...] and w [O, C, k...] as a
+    stride-1 one over the strides' phases stacked as channels (space-to-depth): x padded to a
+    whole number of strides becomes [N, C * prod(strides), padded / strides] and w, padded
+    to kernel sizes that the strides divide, [O, C * prod(strides), ceil(k / strides)].
+
+    Its transpose in w is ConvGrad's dW on the CPU for a strided convolution with few input
+    channels (_phase_dw): ResNet's 3-channel 7x7 stride-2 stem 0.80-0.83x the time of XLA's
+    filter-gradient convolution on one core and on two (2.6 vs 3.2 ms, 1.9 vs 2.4 ms; the
+    forward itself stays XLA's, which ran it faster: 2.0 vs 2.3 ms; 2026-11-24)."""
+    n = x.ndim - 2
+    n_batch, c_in = x.shape[:2]
+    kernel = w.shape[2:]
+    taps = [-(-k // s) for k, s in zip(kernel, strides)]
+    out = _out_sizes([i + lo + hi for i, (lo, hi) in zip(x.shape[2:], padding)], kernel,
+                     strides, (1,) * n)
+    # each phase as long as the last output's taps reach (at least the padded input)
+    phase = [max(-(-(i + lo + hi) // s), o - 1 + t)
+             for i, (lo, hi), s, o, t in zip(x.shape[2:], padding, strides, out, taps)]
+    xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [
+        (lo, m * s - i - lo, 0) for i, (lo, _), s, m in zip(x.shape[2:], padding, strides, phase)])
+    # [N, C, m1, s1, m2, s2, ...] -> [N, C, s1, s2, ..., m1, m2, ...]
+    split = [d for m, s in zip(phase, strides) for d in (m, s)]
+    order = [0, 1] + [3 + 2 * i for i in range(n)] + [2 + 2 * i for i in range(n)]
+    xs = jnp.transpose(xp.reshape(n_batch, c_in, *split), order).reshape(
+        n_batch, c_in * math.prod(strides), *phase)
+    wp = lax.pad(w, jnp.zeros((), w.dtype), [(0, 0, 0)] * 2 + [
+        (0, t * s - k, 0) for k, s, t in zip(kernel, strides, taps)])
+    wsplit = [d for t, s in zip(taps, strides) for d in (t, s)]
+    ws = jnp.transpose(wp.reshape(*w.shape[:2], *wsplit), order).reshape(
+        w.shape[0], c_in * math.prod(strides), *taps)
+    y = lax.conv_general_dilated(xs, ws, (1,) * n, [(0, 0)] * n,
+                                 dimension_numbers=_dimension_numbers(n),
+                                 precision=lax.Precision.HIGHEST)
+    return lax.slice(y, [0] * y.ndim, [*y.shape[:2], *out])
 
 
 @functools.cache
@@ -311,7 +374,9 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     """lax.conv_general_dilated in ONNX layouts (NC..., OI...): XLA's convolution, except that
     a grouped one lowered for the CPU is windowed_conv there. (Other dense ones stay XLA's:
     their windowed filter gradient, 1.4-7x faster at the corpus's sizes, summed in another
-    order and moved ResNet's 5-step losses 4e-5 off ORT's on jax 0.8.)
+    order and moved ResNet's 5-step losses 4e-5 off ORT's on jax 0.8. ConvGrad's dW of them
+    is dense_conv_dw or phase_conv's transpose on the CPU instead: ResNet's losses 7e-7 off
+    ORT's on jax 0.12.)
 
     dense=True (the importer's Conv and ConvGrad's forward): also the dense convolutions that
     windowed_conv runs faster on the CPU, those where it is one matmul of the input as it lies
@@ -486,6 +551,26 @@ def _conv_transpose_fn(attrs, crops, adj):
     return forward
 
 
+def _taps_dw(X, attrs, padding):
+    """Whether ConvGrad's dW on the CPU is dense_conv_dw: a group-1 convolution that stays
+    XLA's there (not windowed: those transpose to matmuls already) with >= 16 input channels
+    (ResNet's 16- to 64-channel 3x3s: 1.1-3.7x faster on one core, 1.35-2x on two; its
+    3-channel 7x7 stem: 1.8x slower)."""
+    return (attrs.group == 1 and X.shape[1] >= 16
+            and not _windowed_dense(X, attrs.kernel, padding, attrs.dilations, None,
+                                    attrs.strides))
+
+
+def _phase_dw(X, attrs, padding):
+    """Whether ConvGrad's dW on the CPU is phase_conv's transpose: a strided, undilated
+    group-1 convolution with < 16 input channels (fewer than dense_conv_dw takes) that stays
+    XLA's there."""
+    return (attrs.group == 1 and X.shape[1] < 16 and max(attrs.strides) > 1
+            and all(d == 1 for d in attrs.dilations)
+            and not _windowed_dense(X, attrs.kernel, padding, attrs.dilations, None,
+                                    attrs.strides))
+
+
 def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
     """Conv(x, w) with the attributes checked against X and W."""
     attrs = _Attrs(X, W, auto_pad=auto_pad, dilations=dilations, group=group,
@@ -503,6 +588,21 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
             return grouped_conv_dx(dY.astype(acc), w.astype(acc), X.shape, attrs.strides,
                                    padding, attrs.dilations, attrs.group).astype(X.dtype)
         forward.dx = dx
+    if _taps_dw(X, attrs, padding):
+
+        def dw(dY, x):  # on the CPU: see dense_conv_dw
+            acc = rules.compute_dtype(dY.dtype)
+            return dense_conv_dw(dY.astype(acc), x.astype(acc), attrs.kernel, attrs.strides,
+                                 padding, attrs.dilations).astype(W.dtype)
+        forward.dw = dw
+    if _phase_dw(X, attrs, padding):
+
+        def dw(dY, x):  # on the CPU: see phase_conv
+            acc = rules.compute_dtype(dY.dtype)
+            w0 = jax.ShapeDtypeStruct(W.shape, acc)
+            conv = lambda w: phase_conv(x.astype(acc), w, attrs.strides, padding)
+            return jax.linear_transpose(conv, w0)(dY.astype(acc))[0].astype(W.dtype)
+        forward.dw = dw
     if attrs.group > 1 and W.shape[1] == 1:
 
         def dw(dY, x):

@@ -372,27 +372,36 @@ def test_live_taps():
     assert "convolution" in cuda and "dot_general" not in cuda  # the GPU keeps XLA's
 
 
-def test_importer_conv_channels_last_for_a_constant_weight(rng):
-    """The importer's Conv takes the channels-last form where its weight is a constant
-    (program.jit() closes over the params): a small dense 3x3 is then a matmul on the CPU;
-    with the params traced (training, Module.eval) it stays XLA's convolution. Same values
-    either way; CUDA keeps XLA's convolution."""
+def test_importer_conv_channels_last_where_no_conv_grad_reads_it(rng):
+    """The importer's Conv takes the channels-last form (a small dense 3x3 is then a matmul on
+    the CPU) where its weight is a constant (program.jit() closes over the params) or the graph
+    has no ConvGrad (an eval model, run by Module.eval with the params traced); in a graph
+    with a ConvGrad and traced params it stays XLA's convolution. Same values either way;
+    CUDA keeps XLA's convolution."""
     from onnx import helper
 
     from jaxops.onnx import load
     from onnx_build import model
     wv = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
-    m = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], ["x"], ["y"],
-              {"w": wv})
-    program = load(m)
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    grad = helper.make_node("ConvGrad", ["y", "x", "w"], ["dx", "dw"], domain="com.microsoft",
+                            pads=[1, 1, 1, 1], strides=[1, 1], dilations=[1, 1], group=1)
+    program = load(model([conv], ["x"], ["y"], {"w": wv}))
+    training = load(model([conv, grad], ["x"], ["y", "dx"], {"w": wv},
+                          domains=["com.microsoft"]))
     x = jnp.asarray(rng.standard_normal((2, 16, 4, 4)), jnp.float32)
     forward = program.jit()
     traced = jax.jit(program)
     cpu = dict(lowering_platforms=("cpu",))  # whatever the default backend
     assert "convolution" not in forward.trace(x).lower(**cpu).as_text()
-    assert "convolution" in traced.trace(program.params, x).lower(**cpu).as_text()
+    assert "convolution" not in traced.trace(program.params, x).lower(**cpu).as_text()
+    # the training graph's own Conv (its ConvGrad's transposes are convolutions too): count them
+    with_grad = jax.jit(training).trace(training.params, x).lower(**cpu).as_text()
+    only_grad = jax.jit(lambda p, x: ops.conv_grad(x[:, :8], x, p["w"], pads=[1, 1, 1, 1])[:2])
+    n_grad = only_grad.trace(training.params, x).lower(**cpu).as_text().count("convolution(")
+    assert with_grad.count("convolution(") == n_grad + 1
     cuda = forward.trace(x).lower(lowering_platforms=("cuda",)).as_text()
     assert "convolution" in cuda
     want = xla_conv(x, jnp.asarray(wv), (1, 1), [(1, 1)] * 2, (1, 1), 1, None)
-    for got in (forward(x), traced(program.params, x)):
+    for got in (forward(x), traced(program.params, x), training(training.params, x)[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))

@@ -312,6 +312,10 @@ class NodeContext:
                 f"{what} must be known without the data (computed from constants, initializers "
                 "or shapes), but here it depends on a traced input or parameter") from None
 
+    def graph_has(self, op_type: str) -> bool:
+        """Whether the model's main graph has a node of this op_type (any domain)."""
+        return op_type in self._program._op_types
+
     def is_static(self, x) -> bool:
         """Whether `x` (or every element of a list) is known without the data."""
         if x is None:
@@ -425,6 +429,7 @@ class Program:
             from jaxops.onnx.handlers.p2p import pair_transfers  # Send/Recv run as pairs
 
             graph = model.graph
+            self._op_types = frozenset(n.op_type for n in graph.node)
             # bf16 anywhere (cuDNN on a GPU); float32 on a GPU (a Pallas flash attention)
             if ((self.precision == "bf16" or jax.default_backend() == "gpu")
                     and not disabled("fused_attention")):

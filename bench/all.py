@@ -15,7 +15,7 @@ markdown report with the machine, the date and the commit:
 
 On one H100 the whole run takes longer than one 10-minute device call: run it in parts
 (`--parts kernels`, then `--parts optim_api,train_step,cpu_corpus`) and join the reports.
-docs/performance.md's "Latest run" section is such a report, pasted as written.
+docs/bench-report.md is such a report, pasted as written; docs/performance.md discusses it.
 """
 from __future__ import annotations
 

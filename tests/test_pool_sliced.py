@@ -74,3 +74,109 @@ def test_sliced_pool_gradient_matches_gather(op, monkeypatch):
     gathered = jax.jit(jax.grad(loss))(x)
     assert float(jnp.abs(sliced).max()) > 0
     np.testing.assert_allclose(np.asarray(sliced), np.asarray(gathered), rtol=1e-6, atol=1e-6)
+
+
+# MaxPool with Indices (handlers/pool.py's _max_pool_with_indices): a running max over the tap
+# slices on the CPU, the gather elsewhere (and past _MAX_TAPS taps).
+
+def _indices_program(shape, attrs, dtype=TensorProto.FLOAT):
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], **attrs)
+    return load(model([node], [vi("x", dtype, list(shape))],
+                      [vi("y", dtype), vi("i", TensorProto.INT64)]))
+
+
+def _both_forms(shape, attrs, x, monkeypatch, dtype=TensorProto.FLOAT):
+    """(sliced, gathered): each form's (Y, Indices) as numpy."""
+    prog = _indices_program(shape, attrs, dtype)
+    sliced = [np.asarray(a) for a in jax.jit(prog.jit())(x)]
+    with monkeypatch.context() as m:
+        m.setattr(pool, "_MAX_TAPS", 0)  # every window through the gather
+        gathered = [np.asarray(a) for a in jax.jit(_indices_program(shape, attrs, dtype).jit())(x)]
+    return sliced, gathered
+
+
+def _ort_indices(x, attrs):
+    return ort_oracle.run_node("MaxPool", [x], [x.dtype, np.int64], domain="", **attrs)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+@pytest.mark.parametrize("shape,attrs", CASES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_max_pool_indices_match_ort_and_gather(shape, attrs, storage_order, ties, monkeypatch):
+    if storage_order and len(shape) != 4:
+        pytest.skip("ORT 1.19 takes storage_order in 2-D pools only")
+    attrs = {**attrs, "storage_order": storage_order}
+    rng = np.random.default_rng(3)
+    # ties: a few distinct values, so that most windows hold their max more than once
+    x = (rng.integers(-2, 2, shape) if ties else rng.standard_normal(shape)).astype(np.float32)
+    want_y, want_i = _ort_indices(x, attrs)
+    (y, i), (gy, gi) = _both_forms(shape, attrs, x, monkeypatch)
+    assert i.dtype == np.int64
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(i, want_i)
+    np.testing.assert_array_equal(gy, want_y)
+    np.testing.assert_array_equal(gi, want_i)
+
+
+def test_max_pool_indices_int8_ties_and_lowest(monkeypatch):
+    shape, attrs = (2, 3, 7, 6), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = np.random.default_rng(4).integers(-128, -125, shape).astype(np.int8)
+    x[0, 1] = -128  # every window of this image holds only the lowest value
+    (y, i), (gy, gi) = _both_forms(shape, attrs, x, monkeypatch, TensorProto.INT8)
+    want_y, want_i = _ort_indices(x, attrs)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal((y, i), (gy, gi))
+    # ORT 1.19 answers c*H*W - W - 1 where every real value is -128; jaxops the first real tap
+    ok = want_y != -128
+    assert ok.sum() > 20 and not ok.all()
+    np.testing.assert_array_equal(i[ok], want_i[ok])
+    # window (0, 0) starts in the padding: rows 0, 1, 3, 5 and columns 0, 1, 3 come first
+    np.testing.assert_array_equal(i[0, 1], np.asarray([[0, 1, 3], [6, 7, 9], [18, 19, 21],
+                                                       [30, 31, 33]]) + 42)
+
+
+def test_max_pool_indices_nan(monkeypatch):
+    shape, attrs = (1, 2, 6, 6), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    x[0, 0, 0, 1] = x[0, 0, 1, 0] = x[0, 1, 3, 3] = np.nan  # window (0, 0) holds two
+    (y, i), (gy, gi) = _both_forms(shape, attrs, x, monkeypatch)
+    np.testing.assert_array_equal(y, gy)  # NaN compares equal here
+    np.testing.assert_array_equal(i, gi)
+    assert i[0, 0, 0, 0] == 1  # the window's first NaN in window order
+    assert i[0, 1, 1, 1] == 36 + 21 and i[0, 1, 2, 2] == 36 + 21
+    assert i[0, 0, 0, 1] == 1 and i[0, 0, 1, 0] == 6
+    # Y and Indices as ORT's where a window holds no NaN. ORT 1.19 is not consistent about NaN:
+    # its kernel with Indices skips NaN, the one without takes it or not by its position.
+    want_y, want_i = _ort_indices(x, attrs)
+    clean = ~np.isnan(y)
+    assert clean.sum() == 9 - 3 + 9 - 4
+    np.testing.assert_array_equal(y[clean], want_y[clean])
+    np.testing.assert_array_equal(i[clean], want_i[clean])
+
+
+def test_max_pool_indices_cpu_program_has_no_gather():
+    shape, attrs = CASES[0]
+    prog = _indices_program(shape, attrs)
+    x = np.zeros(shape, np.float32)
+    hlo = jax.jit(prog.jit()).lower(x).compile().as_text()
+    assert "maximum" in hlo or "compare" in hlo
+    assert " gather(" not in hlo
+    with pytest.MonkeyPatch.context() as m:  # the check sees a gather where there is one
+        m.setattr(pool, "_MAX_TAPS", 0)
+        hlo = jax.jit(_indices_program(shape, attrs).jit()).lower(x).compile().as_text()
+    assert " gather(" in hlo
+
+
+def test_max_pool_indices_gradient_matches_gather(monkeypatch):
+    shape, attrs = CASES[2]
+    x = jnp.asarray(np.random.default_rng(6).standard_normal(shape).astype(np.float32))
+
+    def loss(x):
+        prog = _indices_program(shape, attrs)
+        y, _ = prog(prog.params, x)
+        return jnp.sum(y ** 2)
+    sliced = jax.jit(jax.grad(loss))(x)
+    monkeypatch.setattr(pool, "_MAX_TAPS", 0)
+    gathered = jax.jit(jax.grad(loss))(x)
+    assert float(jnp.abs(sliced).max()) > 0
+    np.testing.assert_allclose(np.asarray(sliced), np.asarray(gathered), rtol=1e-6, atol=1e-6)

@@ -2,9 +2,9 @@
 
 Windows are gathered through a static index table (numpy), which handles padding, dilation
 and ceil_mode the same way for every pool and stays differentiable. On the CPU, MaxPool
-without Indices and AveragePool of at most _MAX_TAPS taps reduce one strided slice a kernel
-tap instead (_sliced), which XLA:CPU runs faster than the gathered [N, C, out, taps] patches;
-other platforms keep the gather (the slices were not measured there)."""
+(with or without Indices) and AveragePool of at most _MAX_TAPS taps reduce one strided slice
+a kernel tap instead (_sliced, _max_pool_with_indices), which XLA:CPU runs faster than the
+gathered [N, C, out, taps] patches; other platforms keep the gather (the slices were not measured there)."""
 from __future__ import annotations
 
 import functools
@@ -50,6 +50,44 @@ def _windows(in_sizes, kernel, strides, dilations, pads, ceil_mode):
 _MAX_TAPS = 64
 
 
+def _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+    """(kernel, strides, dilations, idx, in_pad, out, pad_cfg): _windows' tables and the
+    lax.pad config that makes every tap's strided slice of x in bounds."""
+    nd = x.ndim - 2
+    kernel = list(kernel_shape)
+    strides = list(strides or [1] * nd)
+    dilations = list(dilations or [1] * nd)
+    padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    idx, in_pad, out = _windows(x.shape[2:], kernel, strides, dilations, padding, ceil_mode)
+    pad_cfg = [(0, 0, 0)]
+    for n, k, s, d, (lo, _), o in zip(x.shape[2:], kernel, strides, dilations, padding, out):
+        pad_cfg.append((lo, (o - 1) * s + (k - 1) * d + 1 - n - lo, 0))  # a negative end crops
+    return kernel, strides, dilations, idx, in_pad, out, pad_cfg + [(0, 0, 0)]
+
+
+def _tap_slices(x, fill, kernel, strides, dilations, out, pad_cfg, channels_last=True):
+    """x padded with `fill`, one strided slice [N, *out, C] (channels_last) or [N, C, *out]
+    a kernel tap, in window order."""
+    nd = x.ndim - 2
+    if channels_last:
+        x = jnp.transpose(x, (0, *range(2, nd + 2), 1))
+    else:
+        pad_cfg = [(0, 0, 0), *pad_cfg[:-1]]
+    xp = lax.pad(x, jnp.asarray(fill, x.dtype), pad_cfg)
+    first = 1 if channels_last else 2  # the first spatial axis
+    for ks in np.ndindex(*kernel):
+        start = [0] * xp.ndim
+        limit = list(xp.shape)
+        step = [1] * xp.ndim
+        for a, k, d, o, s in zip(range(first, first + nd), ks, dilations, out, strides):
+            start[a], limit[a], step[a] = k * d, k * d + (o - 1) * s + 1, s
+        yield lax.slice(xp, start, limit, step)
+
+
+def _channels_first(y):
+    return jnp.transpose(y, (0, y.ndim - 1, *range(1, y.ndim - 1)))
+
+
 def _sliced(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill, combine):
     """(the pool's reduction `combine` over one strided slice a kernel tap [N, C, *out],
     idx, in_pad, out) as _setup's, or None past _MAX_TAPS taps. x is padded with `fill`
@@ -62,29 +100,14 @@ def _sliced(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill
     2026-11-24, tools/pool_ab.py): DeepLabV3's jitted forwards 0.91-0.96x the time, ResNet's
     eval program 0.94x; NCHW slices with the barrier 1.04x (ResNet), without it 1.55x
     (DeepLabV3)."""
-    kernel = list(kernel_shape)
-    if int(np.prod(kernel)) > _MAX_TAPS:
+    if int(np.prod(kernel_shape)) > _MAX_TAPS:
         return None
-    nd = x.ndim - 2
-    strides = list(strides or [1] * nd)
-    dilations = list(dilations or [1] * nd)
-    padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
-    idx, in_pad, out = _windows(x.shape[2:], kernel, strides, dilations, padding, ceil_mode)
-    pad_cfg = [(0, 0, 0)]
-    for n, k, s, d, (lo, _), o in zip(x.shape[2:], kernel, strides, dilations, padding, out):
-        pad_cfg.append((lo, (o - 1) * s + (k - 1) * d + 1 - n - lo, 0))  # a negative end crops
+    kernel, strides, dilations, idx, in_pad, out, pad_cfg = _geometry(
+        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
 
     def sliced(x):
-        xp = lax.pad(jnp.transpose(x, (0, *range(2, nd + 2), 1)), jnp.asarray(fill, x.dtype),
-                     pad_cfg + [(0, 0, 0)])
-        windows = []
-        for ks in np.ndindex(*kernel):
-            start = [0, *(k * d for k, d in zip(ks, dilations)), 0]
-            limit = [xp.shape[0], *(b + (o - 1) * s + 1 for b, o, s in zip(start[1:], out, strides)),
-                     xp.shape[-1]]
-            windows.append(lax.slice(xp, start, limit, (1, *strides, 1)))
-        y = _materialized(functools.reduce(combine, windows))
-        return jnp.transpose(y, (0, nd + 1, *range(1, nd + 1)))
+        taps = _tap_slices(x, fill, kernel, strides, dilations, out, pad_cfg)
+        return _channels_first(_materialized(functools.reduce(combine, taps)))
 
     def gathered(x):  # other platforms: the gather (the slices were measured on the CPU only)
         patches = x.reshape(x.shape[:2] + (-1,))[..., np.maximum(idx, 0)]
@@ -94,6 +117,76 @@ def _sliced(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill
 
     y = lax.platform_dependent(x, cpu=sliced, default=gathered)
     return y, idx, np.broadcast_to(in_pad, idx.shape), out
+
+
+def _argmax_table(idx, spatial, storage_order):
+    """The flat spatial index each window tap reads [outputs, taps] as MaxPool's Indices
+    number it (storage_order 1: column-major), padding -1; except that a window whose first
+    tap is padding names its first real tap there. Both forms take the first tap that
+    reaches the max and padding holds the lowest value, so a window whose real values are
+    all that lowest value picks its first tap: this makes that the first real one (ORT 1.19
+    answers c*H*W - W - 1 there, an element of the previous channel)."""
+    table = idx.copy()
+    if storage_order:
+        real = table >= 0
+        coords = np.unravel_index(table[real], spatial)
+        table[real] = np.ravel_multi_index(coords[::-1], spatial[::-1])
+    first_real = np.argmax(table >= 0, axis=1)
+    table[:, 0] = table[np.arange(len(table)), first_real]
+    return table
+
+
+def _max_pool_with_indices(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode,
+                           storage_order, lowest):
+    """(Y, Indices) of MaxPool. On the CPU (<= _MAX_TAPS taps) a running max over one strided
+    NCHW slice a tap and the index its winning tap reads, the taps taken last to first and a
+    tap winning on >= or as a NaN: the first tap in window order that reaches the max (or the
+    first NaN) wins, as argmax over the gathered window does on other platforms. NaN propagates
+    to Y, as jnp.max does and ORT's MaxPool without Indices sometimes does (ORT 1.19's kernel
+    with Indices skips NaN).
+
+    Slices NCHW and (Y, Indices) materialized: the training graphs' convolutions are NCHW.
+    ResNet's train step (tools/pool_ab.py --train, one core, 2026-11-24) against the gather:
+    0.96-0.97x the time; taps first to last on > with a NaN check on both sides 0.99x;
+    channels-last slices (as _sliced) 1.02-1.03x; NCHW without the barrier 1.27x (the pool
+    recomputed in its consumers)."""
+    kernel, strides, dilations, idx, _, out, pad_cfg = _geometry(
+        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    spatial = x.shape[2:]
+    table = _argmax_table(idx, spatial, storage_order)
+    # the spatial index fits int32 (one image's elements); the batch/channel base goes in int64
+    index_type = np.int32 if int(np.prod(spatial)) < 2**31 else np.int64
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+
+    def sliced(x):
+        taps = _tap_slices(x, lowest, kernel, strides, dilations, out, pad_cfg, channels_last=False)
+        y = i = None
+        for t, w in reversed(list(enumerate(taps))):  # the last tap first: see the docstring
+            tap = jnp.asarray(table[:, t].astype(index_type).reshape(1, 1, *out))
+            if y is None:
+                y, i = w, jnp.broadcast_to(tap, w.shape)
+                continue
+            take = w >= y
+            if floating:
+                take = take | (w != w)  # NaN
+            y, i = jnp.where(take, w, y), jnp.where(take, tap, i)
+        return _materialized((y, i))
+
+    def gathered(x):  # other platforms: the gather (the slices were measured on the CPU only)
+        patches = x.reshape(x.shape[:2] + (-1,))[..., np.maximum(idx, 0)]
+        patches = jnp.where(idx >= 0, patches, jnp.asarray(lowest, x.dtype))
+        shape = x.shape[:2] + tuple(out)
+        best = jnp.take_along_axis(jnp.asarray(table.astype(index_type))[None, None],
+                                   jnp.argmax(patches, -1)[..., None], -1)
+        return jnp.max(patches, axis=-1).reshape(shape), best.reshape(shape)
+
+    if int(np.prod(kernel)) > _MAX_TAPS:
+        y, best = gathered(x)
+    else:
+        y, best = lax.platform_dependent(x, cpu=sliced, default=gathered)
+    n, c = x.shape[:2]
+    base = (np.arange(n * c, dtype=np.int64) * int(np.prod(spatial))).reshape(n, c, *[1] * len(out))
+    return y, best.astype(jnp.int64) + base
 
 
 def _setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
@@ -112,24 +205,16 @@ def _setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
 def max_pool(ctx, x, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None, pads=None,
              storage_order=0, strides=None):
     lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    if ctx.num_outputs < 2:
-        sliced = _sliced(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, lowest,
-                         jnp.maximum)
-        if sliced is not None:
-            return sliced[0]
+    if ctx.num_outputs >= 2:
+        return _max_pool_with_indices(x, kernel_shape, strides, dilations, pads, auto_pad,
+                                      ceil_mode, storage_order, lowest)
+    sliced = _sliced(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, lowest,
+                     jnp.maximum)
+    if sliced is not None:
+        return sliced[0]
     patches, idx, _, out_shape = _setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     patches = jnp.where(idx >= 0, patches, jnp.asarray(lowest, x.dtype))
-    y = jnp.max(patches, axis=-1).reshape(x.shape[:2] + tuple(out_shape))
-    if ctx.num_outputs < 2:
-        return y
-    best = jnp.take_along_axis(jnp.asarray(idx)[None, None], jnp.argmax(patches, -1)[..., None], -1)[..., 0]
-    spatial = x.shape[2:]
-    if storage_order:  # column-major over the spatial dims
-        coords = jnp.unravel_index(best, spatial)
-        best = jnp.ravel_multi_index(coords[::-1], spatial[::-1], mode="clip")
-    n, c = x.shape[:2]
-    base = (jnp.arange(n * c) * int(np.prod(spatial))).reshape(n, c, 1)
-    return y, (best + base).astype(jnp.int64).reshape(y.shape)
+    return jnp.max(patches, axis=-1).reshape(x.shape[:2] + tuple(out_shape))
 
 
 @handler("AveragePool")

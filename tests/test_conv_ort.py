@@ -156,9 +156,10 @@ def test_corpus_jitted_forward_matches_onnxruntime(rng, name):
     program = load(str(path))
     forward = program.jit()
     if name.startswith("deeplab") and jax.default_backend() == "cpu":
-        # of its 13 XLA convolutions (traced weights) the CPU keeps the stem's
+        # of its 13 convolutions the CPU keeps XLA's for the stem alone, with the weights
+        # constant or traced (a graph without ConvGrad: channels last either way)
         count = lambda text: text.count("stablehlo.convolution")
-        assert count(jax.jit(program).lower(program.params, x).as_text()) == 13
+        assert count(jax.jit(program).lower(program.params, x).as_text()) == 1
         assert count(forward.lower(x).as_text()) == 1
     got = np.asarray(forward(x))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))

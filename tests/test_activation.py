@@ -140,7 +140,10 @@ def test_div_grad(rng, dtype, a_shape, b_shape):
     ea, eb = ref.div_grad(*f64(dy, a, b))
     assert da.shape == a_shape and db.shape == b_shape and da.dtype == db.dtype == dtype
     assert_close(da, ea, dtype, ulps=16)
-    assert_close(db, eb, dtype, ulps=16)
+    # dB sums -dY A / B^2 over the broadcast dims: its terms' magnitudes set the scale where
+    # they cancel (seed 1605225950: one entry 4e-7 off -0.018, a 16-ulp relative bound 7e-8)
+    terms = np.abs(ref.div_grad(*f64(jnp.abs(dy), jnp.abs(a), jnp.abs(b)))[1])
+    assert_close(db, eb, dtype, ulps=16, scale=terms)
 
 
 def test_div_grad_outputs_keyword(rng):

@@ -110,7 +110,7 @@ def _sliced(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill
         return _channels_first(_materialized(functools.reduce(combine, taps)))
 
     def gathered(x):  # other platforms: the gather (the slices were measured on the CPU only)
-        patches = x.reshape(x.shape[:2] + (-1,))[..., np.maximum(idx, 0)]
+        patches = _patches(x, idx)
         patches = jnp.where(idx >= 0, patches, jnp.asarray(fill, x.dtype))
         reduce = jnp.max if combine is jnp.maximum else jnp.sum
         return reduce(patches, axis=-1).reshape(x.shape[:2] + tuple(out))
@@ -173,7 +173,7 @@ def _max_pool_with_indices(x, kernel_shape, strides, dilations, pads, auto_pad, 
         return _materialized((y, i))
 
     def gathered(x):  # other platforms: the gather (the slices were measured on the CPU only)
-        patches = x.reshape(x.shape[:2] + (-1,))[..., np.maximum(idx, 0)]
+        patches = _patches(x, idx)
         patches = jnp.where(idx >= 0, patches, jnp.asarray(lowest, x.dtype))
         shape = x.shape[:2] + tuple(out)
         best = jnp.take_along_axis(jnp.asarray(table.astype(index_type))[None, None],
@@ -189,16 +189,16 @@ def _max_pool_with_indices(x, kernel_shape, strides, dilations, pads, auto_pad, 
     return y, best.astype(jnp.int64) + base
 
 
+def _patches(x, idx):
+    """[N, C, outputs, taps]: each output's window of x (padding taps read element 0: mask them
+    with idx >= 0)."""
+    return x.reshape(x.shape[:2] + (-1,))[..., np.maximum(idx, 0)]
+
+
 def _setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
-    nd = x.ndim - 2
-    kernel = list(kernel_shape)
-    strides = list(strides or [1] * nd)
-    dilations = list(dilations or [1] * nd)
-    padding = geometry.padding(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
-    idx, in_pad, out_shape = _windows(x.shape[2:], kernel, strides, dilations, padding, ceil_mode)
-    in_pad = np.broadcast_to(in_pad, idx.shape)
-    patches = x.reshape(x.shape[:2] + (-1,))[..., np.maximum(idx, 0)]  # [N, C, O, K]
-    return patches, idx, in_pad, out_shape
+    *_, idx, in_pad, out_shape, _ = _geometry(x, kernel_shape, strides, dilations, pads,
+                                              auto_pad, ceil_mode)
+    return _patches(x, idx), idx, np.broadcast_to(in_pad, idx.shape), out_shape
 
 
 @handler("MaxPool")

@@ -18,10 +18,13 @@
 //        its chunk, so a chunk starts at most one piece); the last of a run's piece blocks to
 //        arrive (an integer counter) adds the run's partial sums in piece order and writes the
 //        row. The order of every sum depends on the ids and shapes only.
-//   0. dX = 0 on a second stream of the device while steps 1-2 run on XLA's (the sort is
-//      latency-bound, the fill bandwidth-bound); XLA's stream waits for it before step 3. Where
-//      no second stream can be had, step 3 adds blocks that write zeros to the rows no index
-//      addresses instead.
+//   0. Steps 1-2 run on a second stream of the device, created at the highest priority, while
+//      XLA's stream sets dX = 0; XLA's stream waits for them before step 3. The sort is a
+//      latency-bound chain of small kernels, the fill a bandwidth-bound grid that fills every
+//      SM: kernels of one priority get SMs in launch order, so a sort launched beside the fill
+//      at the same priority waits for the fill's blocks; at a higher priority its blocks go
+//      first. Where no second stream can be had, everything runs on XLA's stream and step 3
+//      adds blocks that write zeros to the rows no index addresses instead.
 // Sums are in f32 (f64 for f64). Work buffers come from XLA's scratch allocator (CUB's temp size
 // is known only here).
 #include <cuda_runtime.h>
@@ -312,10 +315,11 @@ SideStream* side_stream(cudaStream_t main) {
   auto [it, fresh] = streams.try_emplace(dev);
   SideStream& s = it->second;
   if (fresh) {
-    int current = 0;
+    int current = 0, least = 0, greatest = 0;
     cudaGetDevice(&current);
     cudaSetDevice(dev);
-    if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess ||
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, greatest) != cudaSuccess ||
         cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming) != cudaSuccess)
       s.stream = nullptr;
@@ -325,26 +329,20 @@ SideStream* side_stream(cudaStream_t main) {
   return s.stream ? &s : nullptr;
 }
 
-// Starts dX = 0 on the side stream; returns the event XLA's stream must wait on, or nullptr
-// (then nothing was started).
-cudaEvent_t zero_on_side(cudaStream_t main, void* dx, size_t bytes) {
-  SideStream* s = side_stream(main);
-  if (s == nullptr) return nullptr;
-  if (cudaEventRecord(s->fork, main) != cudaSuccess ||
-      cudaStreamWaitEvent(s->stream, s->fork) != cudaSuccess ||
-      cudaMemsetAsync(dx, 0, bytes, s->stream) != cudaSuccess ||
-      cudaEventRecord(s->join, s->stream) != cudaSuccess) {
-    cudaGetLastError();
-    cudaStreamSynchronize(s->stream);  // the fill may have started: never leave it racing
-    return nullptr;
-  }
-  return s->join;
+// Where steps 1-2 run: the side stream once it waits for XLA's stream, or XLA's stream.
+cudaStream_t fork_to_side(cudaStream_t main, SideStream* side) {
+  if (side == nullptr) return main;
+  if (cudaEventRecord(side->fork, main) == cudaSuccess &&
+      cudaStreamWaitEvent(side->stream, side->fork) == cudaSuccess)
+    return side->stream;
+  cudaGetLastError();
+  return main;
 }
 
 template <typename T, int VEC>
-ffi::Error reduce(const char* op, cudaStream_t stream, Scratch& scratch, const View& w,
-                  const uint32_t* keys, const int32_t* pos, const T* dy, T* dx,
-                  cudaEvent_t zeroed) {
+ffi::Error reduce(const char* op, cudaStream_t stream, cudaStream_t sort_stream,
+                  SideStream* side, Scratch& scratch, const View& w, const uint32_t* keys,
+                  const int32_t* pos, const T* dy, T* dx) {
   Dims d{w.n, w.v, w.inner / VEC, w.outer * (w.inner / VEC), piece_size(w.n, w.v), 0};
   d.chunks = ceil_div(w.n, d.piece);
   const int threads = int(d.cols >= kThreads ? kThreads : ceil_div(d.cols, 32) * 32);
@@ -354,17 +352,25 @@ ffi::Error reduce(const char* op, cudaStream_t stream, Scratch& scratch, const V
   auto* counters = scratch.get<int32_t>(ncounters * sizeof(int32_t));
   // one slot per chunk (it starts at most one piece)
   auto* partial = scratch.get<acc_t<T>>(d.chunks * w.outer * w.inner * sizeof(acc_t<T>));
-  if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                                        std::string(op) + ": out of scratch memory");
+  if (scratch.failed) {
+    cudaStreamSynchronize(sort_stream);
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(op) + ": out of scratch memory");
+  }
   const int64_t bound_items = w.v + 1 > ncounters ? w.v + 1 : ncounters;
   const int64_t bound_blocks = ceil_div(bound_items, 256) < 8192 ? ceil_div(bound_items, 256) : 8192;
-  row_bounds<<<unsigned(bound_blocks), 256, 0, stream>>>(keys, int(w.n), w.v, row_start, counters,
-                                                         ncounters);
-  const int64_t zero_blocks = zeroed ? 0 : ceil_div(w.v, kZeroRows);
-  if (zeroed) {
-    cudaError_t e = cudaStreamWaitEvent(stream, zeroed);
-    if (e != cudaSuccess) return cuda_error(op, e);
+  row_bounds<<<unsigned(bound_blocks), 256, 0, sort_stream>>>(keys, int(w.n), w.v, row_start,
+                                                              counters, ncounters);
+  const bool forked = sort_stream != stream;
+  if (forked) {
+    cudaError_t e = cudaEventRecord(side->join, sort_stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, side->join);
+    if (e != cudaSuccess) {
+      cudaStreamSynchronize(sort_stream);
+      return cuda_error(op, e);
+    }
   }
+  const int64_t zero_blocks = forked ? 0 : ceil_div(w.v, kZeroRows);
   const dim3 grid(unsigned(d.chunks + zero_blocks), unsigned(col_blocks));
   segment_sum<T, VEC><<<grid, threads, 0, stream>>>(keys, pos, row_start, d, dy, dx, partial,
                                                     counters);
@@ -373,7 +379,7 @@ ffi::Error reduce(const char* op, cudaStream_t stream, Scratch& scratch, const V
 
 template <typename T, typename I>
 ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View& w,
-               const I* idx, const T* dy, T* dx, cudaEvent_t zeroed) {
+               const I* idx, const T* dy, T* dx, SideStream* side) {
   constexpr int kVec = 16 / sizeof(T);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = w.inner % kVec == 0 && aligned(dy) && aligned(dx);
@@ -386,23 +392,35 @@ ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View
   if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                                         std::string(op) + ": out of scratch memory");
 
-  const int64_t key_blocks = ceil_div(w.n, 256) < 4096 ? ceil_div(w.n, 256) : 4096;
-  make_keys<I><<<unsigned(key_blocks), 256, 0, stream>>>(idx, w.n, w.v, keys.Current(),
-                                                         pos.Current());
   int end_bit = 1;  // bits that hold every key, V included
   while (end_bit < 32 && (uint64_t(1) << end_bit) <= uint64_t(w.v)) ++end_bit;
   size_t temp_bytes = 0;
   cudaError_t err = Sort::Dispatch(nullptr, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit,
                                    true, stream);
   void* temp = scratch.get<void>(temp_bytes);
+  if (err != cudaSuccess) return cuda_error(op, err);
   if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                                         std::string(op) + ": out of scratch memory");
-  if (err == cudaSuccess)
-    err = Sort::Dispatch(temp, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit, true, stream);
-  if (err != cudaSuccess) return cuda_error(op, err);
-  return vec ? reduce<T, kVec>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx,
-                              zeroed)
-             : reduce<T, 1>(op, stream, scratch, w, keys.Current(), pos.Current(), dy, dx, zeroed);
+
+  // The fill is launched first: the sort's blocks, at a higher priority, go ahead of its rest.
+  const cudaStream_t sort_stream = fork_to_side(stream, side);
+  if (sort_stream != stream)
+    err = cudaMemsetAsync(dx, 0, size_t(w.outer) * w.v * w.inner * sizeof(T), stream);
+  const int64_t key_blocks = ceil_div(w.n, 256) < 4096 ? ceil_div(w.n, 256) : 4096;
+  if (err == cudaSuccess) {
+    make_keys<I><<<unsigned(key_blocks), 256, 0, sort_stream>>>(idx, w.n, w.v, keys.Current(),
+                                                                pos.Current());
+    err = Sort::Dispatch(temp, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit, true,
+                         sort_stream);
+  }
+  if (err != cudaSuccess) {
+    cudaStreamSynchronize(sort_stream);  // never leave the sort racing the scratch's reuse
+    return cuda_error(op, err);
+  }
+  return vec ? reduce<T, kVec>(op, stream, sort_stream, side, scratch, w, keys.Current(),
+                              pos.Current(), dy, dx)
+             : reduce<T, 1>(op, stream, sort_stream, side, scratch, w, keys.Current(),
+                            pos.Current(), dy, dx);
 }
 
 ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
@@ -420,12 +438,12 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
       return cuda_error(op, cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream));
     Scratch scratch{alloc};
     std::lock_guard<std::mutex> lock(side_mu);
-    cudaEvent_t zeroed = zero_on_side(stream, dx->untyped_data(), dx->size_bytes());
+    SideStream* side = side_stream(stream);
     if (indices.element_type() == ffi::DataType::S32)
       return run<T>(op, stream, scratch, w, indices.reinterpret_data<int32_t>(),
-                    dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), zeroed);
+                    dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), side);
     return run<T>(op, stream, scratch, w, indices.reinterpret_data<int64_t>(),
-                  dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), zeroed);
+                  dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), side);
   });
 }
 

@@ -103,7 +103,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="16x512x12x64,8x1024x12x64")
     p.add_argument("--impls", help="comma-separated row names (default: all)")
-    p.add_argument("--sweep", choices=["fwd", "bwd"])
+    p.add_argument("--sweep", choices=["fwd", "bwd", "dkdv", "dq"],
+                   help="bwd: both backward passes' tiles; dkdv, dq: one pass's alone")
     p.add_argument("--packed", action="store_true", help="sweep the packed-operand kernel")
     p.add_argument("--configs", help="sweep only these: q64k128w8s3,... (default: a grid)")
     args = p.parse_args(argv)
@@ -137,8 +138,14 @@ def sweep(part, ops, scale, want, configs=None, packed=False):
         if part == "fwd":
             fa.Blocks.fwd_q, fa.Blocks.fwd_k, fa.Blocks.fwd_warps, fa.Blocks.fwd_stages = (
                 bq, bk, warps, stages)
+        elif part == "dq":
+            fa.Blocks.dq_q, fa.Blocks.dq_k, fa.Blocks.dq_warps, fa.Blocks.dq_stages = (
+                bq, bk, warps, stages)
         else:
             fa.Blocks.bwd_q, fa.Blocks.bwd_k, fa.Blocks.bwd_warps, fa.Blocks.bwd_stages = (
+                bq, bk, warps, stages)
+        if part == "bwd":
+            fa.Blocks.dq_q, fa.Blocks.dq_k, fa.Blocks.dq_warps, fa.Blocks.dq_stages = (
                 bq, bk, warps, stages)
         label = f"q{bq} k{bk} w{warps} s{stages}"
         try:

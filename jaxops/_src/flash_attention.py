@@ -33,17 +33,20 @@ _LOG2E = math.log2(math.e)
 
 
 class Blocks:
-    """Tile sizes and Triton settings (measured on an H100: docs/performance.md). The
-    backward's 128 x 128 tiles need Hopper's shared memory; other GPUs take 64 x 64 (the
-    first tiles tried: 0.79 against 0.64 ms on the H100)."""
+    """Tile sizes and Triton settings (measured on an H100: docs/performance.md; the two
+    backward passes swept apart with `python -m bench.attention --sweep dkdv|dq --packed`).
+    The backward's Hopper tiles need its shared memory; other GPUs take 64 x 64 (the first
+    tiles tried: 0.79 against 0.64 ms on the H100)."""
     fwd_q, fwd_k, fwd_warps, fwd_stages = 128, 64, 4, 3
-    bwd_q, bwd_k, bwd_warps, bwd_stages = 128, 128, 8, 1
+    bwd_q, bwd_k, bwd_warps, bwd_stages = 64, 128, 4, 2  # the dK/dV pass
+    dq_q, dq_k, dq_warps, dq_stages = 128, 32, 4, 3      # the dQ pass
     small_bwd = 64, 64, 4, 2
 
     @classmethod
-    def bwd(cls):
+    def bwd(cls, part="dkdv"):
         major = str(getattr(jax.devices()[0], "compute_capability", "9")).split(".")[0]
-        big = (cls.bwd_q, cls.bwd_k, cls.bwd_warps, cls.bwd_stages)
+        big = ((cls.bwd_q, cls.bwd_k, cls.bwd_warps, cls.bwd_stages) if part == "dkdv"
+               else (cls.dq_q, cls.dq_k, cls.dq_warps, cls.dq_stages))
         return big if major.isdigit() and int(major) >= 9 else cls.small_bwd
 
 
@@ -219,6 +222,9 @@ def _backward(operands, packed, o, lse, do, scale, interpret):
         dkdv_body, grid=(t // bk, b, n), in_specs=[whole] * k_in + [seq, lse_spec, lse_spec],
         out_specs=[whole] * n_out, out_shape=[grad_shape] * n_out, compiler_params=params,
         interpret=interpret, name="jaxops_flash_bwd_dkdv_f32")(*operands, do, lse, delta)
+    block_q, block_k, warps, stages = Blocks.bwd("dq")
+    bq, bk = _tile(block_q, t), _tile(block_k, t)
+    dq_params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
     dq_kernel = functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk, slots=slots)
 
     def dq_body(*refs):
@@ -229,7 +235,7 @@ def _backward(operands, packed, o, lse, do, scale, interpret):
     dq = pl.pallas_call(
         dq_body, grid=(t // bq, b, n),
         in_specs=[whole] * k_in + [seq, lse_spec, lse_spec] + [whole] * len(extra),
-        out_specs=whole, out_shape=grad_shape, compiler_params=params,
+        out_specs=whole, out_shape=grad_shape, compiler_params=dq_params,
         input_output_aliases={k_in + 3: 0} if packed else {},
         interpret=interpret, name="jaxops_flash_bwd_dq_f32")(*operands, do, lse, delta, *extra)
     return (dq,) if packed else (dq, *dk_dv)

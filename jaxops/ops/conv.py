@@ -159,25 +159,29 @@ def _channels_last(x, w, strides, padding, dilations, group, lhs_dilation, preci
     EfficientNet's jitted forward 0.36 -> 0.21 ms, MobileNetV3's 0.87x, RegNet's 0.92x (one
     core, 2026-11-24). The weight is transposed instead: free where it is a constant (folded
     when compiling); where it is traced a training step ran 1.01-1.11x slower (its gradient
-    ops read the activations as NCHW), so only constant weights take this form."""
+    ops read the activations as NCHW), so only constant weights take this form.
+
+    One with few input channels (an image stem) takes its patch matrix by one gather
+    (_gathered_patches) where that is small."""
     n, dtype = x.ndim - 2, x.dtype
     acc = rules.compute_dtype(dtype)
     x, w = x.astype(acc), w.astype(acc)
     lhs_dilation = tuple(lhs_dilation or (1,) * n)
-    xp = lax.pad(jnp.transpose(x, (0, *range(2, n + 2), 1)), jnp.zeros((), acc),
-                 [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)]
-                 + [(0, 0, 0)])
     kernel = w.shape[2:]
-    out = _out_sizes(xp.shape[1:-1], kernel, strides, dilations)
-    windows = []
-    for ks in itertools.product(*map(range, kernel)):
-        start = [0] + [k * d for k, d in zip(ks, dilations)] + [0]
-        limit = [xp.shape[0], *(b + (o - 1) * s + 1 for b, o, s in zip(start[1:], out, strides)),
-                 xp.shape[-1]]
-        windows.append(lax.slice(xp, start, limit, (1, *strides, 1)))
+    padded = [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi) in zip(x.shape[2:], lhs_dilation,
+                                                                  padding)]
+    out = _out_sizes(padded, kernel, strides, dilations)
     n_batch, c_out = x.shape[0], w.shape[0]
-    c_group, o_group, taps = x.shape[1] // group, c_out // group, len(windows)
+    c_group, o_group, taps = x.shape[1] // group, c_out // group, math.prod(kernel)
     w = w.reshape(c_out, c_group, taps)
+    if group == 1 and _gather_patches(x, kernel, lhs_dilation):
+        # [pixels, K * C] . [K * C, O]
+        patches = _gathered_patches(x, tuple(kernel), tuple(out), tuple(strides),
+                                    tuple(map(tuple, padding)), tuple(dilations))
+        y = jnp.dot(patches, jnp.transpose(w, (2, 1, 0)).reshape(taps * c_group, c_out),
+                    precision=precision).reshape(n_batch, *out, c_out)
+        return jnp.transpose(y, (0, n + 1, *range(1, n + 1))).astype(dtype)
+    windows = _channels_last_windows(x, kernel, out, strides, padding, dilations, lhs_dilation)
     if c_group == 1:  # depthwise (o_group: the channel multiplier)
         terms = (jnp.repeat(win, o_group, axis=-1) * w[:, 0, k] for k, win in enumerate(windows))
         y = _materialized(functools.reduce(jnp.add, terms))  # once: see windowed_conv
@@ -191,6 +195,73 @@ def _channels_last(x, w, strides, padding, dilations, group, lhs_dilation, preci
         y = jnp.einsum("pkgc,gkco->pgo", patches, wg,
                        precision=precision).reshape(n_batch, *out, c_out)
     return jnp.transpose(y, (0, n + 1, *range(1, n + 1))).astype(dtype)
+
+
+def _channels_last_windows(x, kernel, out, strides, padding, dilations, lhs_dilation=None):
+    """Each kernel tap's strided window of x [N, C, ...] transposed to [N, ..., C] and padded
+    (lhs-dilated): [N, *out, C] each, taps in row-major order."""
+    n = x.ndim - 2
+    lhs_dilation = tuple(lhs_dilation or (1,) * n)
+    xp = lax.pad(jnp.transpose(x, (0, *range(2, n + 2), 1)), jnp.zeros((), x.dtype),
+                 [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)]
+                 + [(0, 0, 0)])
+    windows = []
+    for ks in itertools.product(*map(range, kernel)):
+        start = [0] + [k * d for k, d in zip(ks, dilations)] + [0]
+        limit = [xp.shape[0], *(b + (o - 1) * s + 1 for b, o, s in zip(start[1:], out, strides)),
+                 xp.shape[-1]]
+        windows.append(lax.slice(xp, start, limit, (1, *strides, 1)))
+    return windows
+
+
+def _gather_patches(x, kernel, lhs_dilation):
+    """Whether a group-1 channels-last convolution takes its patch matrix by one gather: few
+    input channels (C * K <= 32, an image stem, whose K > 1 slices copy C values a pixel
+    each) and int32 indices. The corpus's 3-channel 3x3 stride-2 stems so: MobileNetV3's,
+    RegNet's and EfficientNet's forwards 0.91-1.03x, 0.92-0.99x and 0.98-0.99x the time
+    (three runs of 600 interleaved calls, one core, 2026-11-25); such a stem alone 0.87x at
+    [2, 3, 32, 32] (with the call's ~22 us), 0.92x at [1, 3, 224, 224], 0.69x at
+    [4, 3, 224, 224]. RegNet's grouped 3x3s (8 channels a group) so: its forward 1.23x the
+    time (the gather copies element by element, a slice whole rows)."""
+    c_k = x.shape[1] * math.prod(kernel)
+    return (all(d == 1 for d in lhs_dilation) and math.prod(kernel) > 1 and c_k <= 32
+            and x.size < 1 << 31)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _gathered_patches(x, kernel, out, strides, padding, dilations):
+    """The channels-last patch matrix [N * P, K * C] of x [N, C, ...] (what concatenating
+    _channels_last_windows gives) by one gather of x as it lies: the K slices of a few
+    channels each and their concatenation cost more on XLA:CPU (MobileNetV3's stem: 9
+    slices of 3 values a pixel). The indices are iota arithmetic that XLA fuses into the
+    gather (a constant table of them was no faster at the corpus's sizes and 1.1x faster at
+    224x224, at 5 MB of constant for a batch of 4). Its tangent is the slices' (so its
+    transpose, the gradient, is pads and adds, not a scatter)."""
+    n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    shape = (n, *out, *kernel, c)  # a patch element's image, pixel, tap and channel
+    iota = functools.partial(lax.broadcasted_iota, jnp.int32, shape)
+    flat = iota(0) * c + iota(len(shape) - 1)
+    inside = None
+    for i, (size, s, d, (lo, _)) in enumerate(zip(spatial, strides, dilations, padding)):
+        pos = iota(1 + i) * s + iota(1 + len(spatial) + i) * d - lo
+        ok = (pos >= 0) & (pos < size)
+        inside = ok if inside is None else inside & ok
+        flat = flat * size + jnp.clip(pos, 0, size - 1)
+    # a tap on the padding points past the end, which the gather fills with 0
+    flat = jnp.where(inside, flat, x.size).reshape(n * math.prod(out), -1)
+    return jnp.take(x.reshape(-1), flat, mode="fill", fill_value=0)
+
+
+def _sliced_patches(x, kernel, out, strides, padding, dilations):
+    windows = _channels_last_windows(x, kernel, out, strides, padding, dilations)
+    return jnp.concatenate(windows, axis=-1).reshape(x.shape[0] * math.prod(out), -1)
+
+
+@_gathered_patches.defjvp
+def _gathered_patches_jvp(kernel, out, strides, padding, dilations, primals, tangents):
+    geometry = (kernel, out, strides, padding, dilations)
+    return (_gathered_patches(primals[0], *geometry),
+            _sliced_patches(tangents[0], *geometry))
 
 
 def grouped_conv_dx(dy, w, x_shape, strides, padding, dilations, group, lhs_dilation=None):

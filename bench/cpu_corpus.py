@@ -281,12 +281,13 @@ def _worker(models, threads, reps, xla_conv):
         print(json.dumps({"model": name, "threads": threads, **row}), flush=True)
 
 
-def _run(models, threads, reps, xla_conv):
+def _run(models, threads, reps, xla_conv, sync_dispatch=False):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     if threads == 1:
         env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "bench.cpu_corpus", "--worker", "--threads", str(threads),
            "--reps", str(reps), "--models", ",".join(models)] + ["--xla-conv"] * xla_conv
+    cmd += ["--sync-dispatch"] * sync_dispatch
     root = Path(__file__).resolve().parent.parent
     rows = []
     with subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, text=True) as p:
@@ -321,6 +322,9 @@ def main(argv=None):
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
     p.add_argument("--xla-conv", action="store_true", help="every convolution as XLA's own, "
                    "grouped ones on the CPU too (jaxops before ops.conv.windowed_conv)")
+    p.add_argument("--sync-dispatch", action="store_true", help="jaxops' process with "
+                   "jax_cpu_enable_async_dispatch off (a user's process-wide choice: each "
+                   "call runs on the calling thread)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     manifest = _manifest()
@@ -340,6 +344,9 @@ def main(argv=None):
     if args.worker:
         if threads[0] == 1:  # before jax and ORT make their thread pools
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        if args.sync_dispatch:  # before jax makes its CPU client
+            import jax
+            jax.config.update("jax_cpu_enable_async_dispatch", False)
         _worker(models, threads[0], args.reps, args.xla_conv)
         return 0
     if _ort() is None:
@@ -348,7 +355,7 @@ def main(argv=None):
           "cpu/wall (jaxops ORT)   ms: medians, ratio: jaxops / ORT")
     rows = []
     for t in threads:
-        rows += _run(models, t, args.reps, args.xla_conv)
+        rows += _run(models, t, args.reps, args.xla_conv, args.sync_dispatch)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print("\n" + markdown(rows))

@@ -142,8 +142,9 @@ def _ort_api(w, g, m1, m2, calls, lr):
         return cs
 
     cs = state()
+    # what Optimizer reads of a Module (_queued_small: no train step queued before it)
     module = types.SimpleNamespace(core=types.SimpleNamespace(trained=names), state=cs,
-                                   _trained=tuple(names))
+                                   _trained=tuple(names), _queued_small=True)
     opt = Optimizer(model, module)
     out = {}
 

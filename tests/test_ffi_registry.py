@@ -25,9 +25,16 @@ def test_registrations_equal_the_expected_targets(module):
     assert all(name.startswith("jaxops_") for name in expected)
 
 
+# CPU paths with no CUDA counterpart (registry.h: kCpuTargets)
+CPU_ONLY = {"jaxops_conv_nhwc"}
+
+
 def test_both_extensions_expect_one_list():
-    lists = [sorted(m.expected_targets()) for m in _modules()]
+    assert CPU_ONLY <= set(_cpu.expected_targets())
+    lists = [sorted(set(m.expected_targets()) - CPU_ONLY) for m in _modules()]
     assert all(x == lists[0] for x in lists)
+    for m in _modules()[1:]:
+        assert not CPU_ONLY & set(m.expected_targets())
 
 
 def test_registration_passes_the_check():

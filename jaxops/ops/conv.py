@@ -33,6 +33,7 @@ from jax import lax
 from jaxops._src import geometry, rules
 from jaxops._src.compat import mark_varying, varying_axes
 from jaxops._src.spec import Matrix, define
+from jaxops.ops import conv_cpu
 
 _AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
@@ -483,18 +484,29 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
                       lhs_dilation) if channels_last else None
     cpu_padding = padding if live is None else live[1]
     cpu_kernel = w.shape[2:] if live is None else tuple(b - a for a, b in live[0])
+    kernel = channels_last and conv_cpu.applies(
+        x, (*w.shape[:2], *cpu_kernel), strides, dilations, group, cpu_padding, lhs_dilation)
     windowed = group > 1 or (dense and _windowed_dense(
         x, cpu_kernel, cpu_padding, dilations, lhs_dilation, strides, channels_last))
-    if live is None and not windowed:
+    if live is None and not windowed and not kernel:
         return xla(x, w)
 
-    def cpu(x, w):
-        if live is not None:
-            w = w[(slice(None),) * 2 + tuple(slice(a, b) for a, b in live[0])]
+    def before_kernel(x, w):
         if windowed:
             return windowed_conv(x, w, strides, cpu_padding, dilations, group, lhs_dilation,
                                  precision, channels_last)
         return xla(x, w, cpu_padding)
+
+    def cpu(x, w):
+        if live is not None:
+            w = w[(slice(None),) * 2 + tuple(slice(a, b) for a, b in live[0])]
+        if kernel:
+            # differentiated as before_kernel: a forward that is differentiated after all
+            # (a forward-only export trained) keeps its gradients' formulation and numerics
+            return conv_cpu.with_derivatives_of(
+                before_kernel, lambda x, w: conv_cpu.conv_nchw(x, w, strides, dilations,
+                                                               cpu_padding))(x, w)
+        return before_kernel(x, w)
     # the platform is chosen when lowering: the compiler never sees a conditional
     return lax.platform_dependent(x, w, cpu=cpu, default=xla)
 

@@ -40,13 +40,18 @@ inline constexpr const char* kTargets[] = {
     "jaxops_adamw_optimizer", "jaxops_lamb_optimizer", "jaxops_sgd_optimizer_v2",  // optim
     "jaxops_softmax_grad", "jaxops_log_softmax_grad",                       // softmax
 };
+// Targets of the CPU extension alone: a CPU path with no CUDA counterpart (on a GPU the
+// convolution stays XLA's).
+inline constexpr const char* kCpuTargets[] = {"jaxops_conv_nhwc"};
 
 // The op families, each a namespace jaxops::<family> with one file per platform.
 #define JAXOPS_FAMILIES(X) X(concat) X(gather) X(gist) X(loss) X(norm) X(optim) X(softmax)
+#define JAXOPS_CPU_FAMILIES(X) X(conv)
 
 #define JAXOPS_DECLARE_FAMILY(family) \
   namespace family { void register_handlers(Registry& r); }
 JAXOPS_FAMILIES(JAXOPS_DECLARE_FAMILY)
+JAXOPS_CPU_FAMILIES(JAXOPS_DECLARE_FAMILY)
 #undef JAXOPS_DECLARE_FAMILY
 
 }  // namespace jaxops

@@ -1,0 +1,43 @@
+// CPU handler of the channels-last inference convolution (jaxops/conv.h). CPU only: on a GPU
+// the convolution stays XLA's.
+#include "jaxops/checks.h"
+#include "jaxops/conv.h"
+#include "jaxops/registry.h"
+
+namespace jaxops::conv {
+namespace {
+
+constexpr const char* kOp = "conv_nhwc";
+
+ffi::Error conv_nhwc(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                     ffi::Result<ffi::Buffer<ffi::F32>> y, int64_t sh, int64_t sw, int64_t dh,
+                     int64_t dw, int64_t ph, int64_t pw) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 4 || wd.size() != 4 || yd.size() != 4)
+    return invalid(kOp, "x, w and y must have rank 4 (NHWC, HWIO, NHWC)");
+  if (wd[2] != xd[3] || yd[0] != xd[0] || yd[3] != wd[3])
+    return invalid(kOp, "x [N, H, W, C], w [KH, KW, C, O] and y [N, OH, OW, O] do not agree");
+  const Geometry g{xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[3], yd[1], yd[2],
+                   sh,    sw,    dh,    dw,    ph,    pw};
+  if (auto err = check(g); !err.empty()) return invalid(kOp, err);
+  if (y->element_count() > 0) convolve(g, x.typed_data(), w.typed_data(), y->typed_data());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvNhwcCpu, conv_nhwc,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("sh")
+                                  .Attr<int64_t>("sw")
+                                  .Attr<int64_t>("dh")
+                                  .Attr<int64_t>("dw")
+                                  .Attr<int64_t>("ph")
+                                  .Attr<int64_t>("pw"));
+
+void register_handlers(Registry& r) { r.add("jaxops_conv_nhwc", ConvNhwcCpu); }
+
+}  // namespace jaxops::conv

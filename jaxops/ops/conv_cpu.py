@@ -1,0 +1,126 @@
+"""The CPU kernel of small inference convolutions (ffi/include/jaxops/conv.h): x [N, H, W, C]
+by w [KH, KW, C, O], group 1, f32, one FFI call.
+
+conv_general takes it for the channels-last convolutions of an inference forward on the CPU
+(the importer's Conv where no ConvGrad follows: `program.jit()`, the ORT-API Module's eval):
+XLA:CPU ran them in several thunks each (pad, slices, concatenate, dot, transposes) or
+through its generic convolution, at well below the core's FMA peak; the kernel packs a few
+output pixels' patch rows (contiguous runs in NHWC) and multiplies them by 16-channel weight
+panels in registers. Not a public op: its own derivatives are the reference's (XLA's
+convolution; conv_general gives it those of the form it replaces), and it lowers as XLA's
+convolution off the CPU.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxops._src.op import Factors, Op
+
+_DIMS = ("NHWC", "HWIO", "NHWC")
+
+
+def _out(x, w, strides, dilations, padding):
+    return tuple((size + lo + hi - (k - 1) * d - 1) // s + 1
+                 for size, k, s, d, (lo, hi) in zip(x.shape[1:3], w.shape[:2], strides,
+                                                    dilations, padding))
+
+
+def _shape(x, w, *, strides, dilations, padding):
+    if x.dtype != jnp.float32 or w.dtype != jnp.float32:
+        raise TypeError(f"x and w must be float32, got {x.dtype} and {w.dtype}")
+    if x.ndim != 4 or w.ndim != 4:
+        raise ValueError(f"x [N, H, W, C] and w [KH, KW, C, O] must have rank 4, got shapes "
+                         f"{x.shape} and {w.shape}")
+    if w.shape[2] != x.shape[3]:
+        raise ValueError(f"w's input channels {w.shape[2]} != x's {x.shape[3]}")
+    if min(*strides, *dilations) < 1 or min(p for pair in padding for p in pair) < 0:
+        raise ValueError(f"strides {strides} and dilations {dilations} must be >= 1 and "
+                         f"padding {padding} >= 0")
+    out = _out(x, w, strides, dilations, padding)
+    if min(out) < 1:
+        raise ValueError(f"the window ({w.shape[:2]}, dilations {dilations}) is larger than "
+                         f"the padded input ({x.shape[1:3]}, padding {padding})")
+    return jax.ShapeDtypeStruct((x.shape[0], *out, w.shape[3]), jnp.float32)
+
+
+def _reference(x, w, *, strides, dilations, padding):
+    return lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
+                                    dimension_numbers=_DIMS, precision=lax.Precision.HIGHEST)
+
+
+def _batch(op, args, dims, **params):
+    x, w = args
+    dx, dw = dims
+    if dw is None:  # the batch joins the images
+        x = jnp.moveaxis(x, dx, 0)
+        y = op.bind(x.reshape(-1, *x.shape[2:]), w, **params)
+        return y.reshape(*x.shape[:2], *y.shape[1:]), 0
+    x = jnp.moveaxis(x, dx, 0) if dx is not None else None
+    w = jnp.moveaxis(w, dw, 0)
+    if x is None:
+        return lax.map(lambda wi: op.bind(args[0], wi, **params), w), 0
+    return lax.map(lambda xw: op.bind(*xw, **params), (x, w)), 0
+
+
+def _ffi_attrs(x, w, *, strides, dilations, padding):
+    (sh, sw), (dh, dw), ((ph, _), (pw, _)) = strides, dilations, padding
+    return {name: np.int64(v) for name, v in
+            zip(("sh", "sw", "dh", "dw", "ph", "pw"), (sh, sw, dh, dw, ph, pw))}
+
+
+def _factors(x, w, **params):
+    # images and output channels shard; the window and the summed channels stay whole
+    return Factors((("n", "h", "w", "c"), ("kh", "kw", "c", "o")), (("n", "oh", "ow", "o"),),
+                   ("h", "w", "c", "kh", "kw", "oh", "ow"))
+
+
+conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
+                  target="jaxops_conv_nhwc", ffi_attrs=_ffi_attrs, factors=_factors,
+                  xla_when=lambda platform, *args, **params: platform != "cpu")
+
+
+def conv_nhwc(x, w, strides, dilations, padding):
+    """y [N, OH, OW, O] = x [N, H, W, C] (*) w [KH, KW, C, O], f32, padding ((lo, hi), (lo, hi))
+    with every pad >= 0."""
+    return conv_nhwc_op(x, w, strides=tuple(strides), dilations=tuple(dilations),
+                        padding=tuple(map(tuple, padding)))
+
+
+def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> bool:
+    """Whether conv_general's channels-last CPU path takes the kernel for x [N, C, H, W] and
+    w [O, C, KH, KW] (ONNX layouts): group 1, 2-D, f32 or narrower floats (computed in f32),
+    pads >= 0, no input dilation; not where a matmul of x as it lies or of few gathered
+    values does better (1x1, a few-channel stem: C * KH * KW <= 32, non-overlapping
+    windows). DeepLabV3's forward (a 3-channel 7x7 stem and 3x3s on 4x4 and 8x8 maps) ran
+    0.81-0.87x the time with it, one core (2026-11-25, interleaved A/B); with the 1x1s too,
+    MobileNetV3's ran ~1.13x."""
+    kernel = tuple(w_shape[2:])
+    return (group == 1 and x.ndim == 4 and len(w_shape) == 4
+            and x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16)
+            and kernel != (1, 1) and x.shape[1] * kernel[0] * kernel[1] > 32
+            and not (tuple(strides) == kernel and all(d == 1 for d in dilations)
+                     and all(p == (0, 0) for p in padding))
+            and min(p for pair in padding for p in pair) >= 0
+            and (lhs_dilation is None or all(d == 1 for d in lhs_dilation)))
+
+
+def conv_nchw(x, w, strides, dilations, padding):
+    """The kernel in ONNX layouts: x [N, C, H, W], w [O, C, KH, KW] -> [N, O, OH, OW] in x's
+    dtype (f16/bf16 computed in f32, rounded once)."""
+    dtype = x.dtype
+    xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
+    wt = jnp.transpose(w.astype(jnp.float32), (2, 3, 1, 0))
+    y = conv_nhwc(xt, wt, strides, dilations, padding)
+    return jnp.transpose(y, (0, 3, 1, 2)).astype(dtype)
+
+
+def with_derivatives_of(reference, kernel):
+    """kernel's values with reference's derivatives (both f(x, w) of the same math)."""
+    f = jax.custom_jvp(kernel)
+    f.defjvp(lambda primals, tangents: (kernel(*primals),
+                                        jax.jvp(reference, primals, tangents)[1]))
+    return f
+
+
+__all__ = ["applies", "conv_nchw", "conv_nhwc", "conv_nhwc_op", "with_derivatives_of"]

@@ -1,0 +1,153 @@
+"""The CPU convolution kernel (jaxops/ops/conv_cpu.py, ffi/include/jaxops/conv.h): XLA's values
+on fresh inputs at shapes that leave partial tiles (pixels not a multiple of 6, channels not of
+16), strides, dilations and pads that reach past the input; jit, vmap, gradients of any order
+(the reference's), sharding by images, clear errors; and conv_general takes it only where it
+is chosen (the channels-last CPU path of an inference forward)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.test_util import check_grads
+
+from helpers import on_cpu_devices
+from jaxops.ops import conv_cpu
+from jaxops.ops.conv import conv_general
+
+# (x [N, H, W, C], w [KH, KW, C, O], strides, dilations, padding)
+CASES = [
+    ((2, 32, 32, 3), (7, 7, 3, 64), (2, 2), (1, 1), ((3, 3), (3, 3))),      # DeepLabV3's stem
+    ((2, 8, 8, 16), (3, 3, 16, 24), (2, 2), (1, 1), ((1, 1), (1, 1))),
+    ((2, 4, 4, 48), (3, 3, 48, 40), (1, 1), (4, 4), ((4, 4), (4, 4))),      # dilated past the map
+    ((3, 5, 7, 5), (2, 3, 5, 17), (1, 2), (2, 1), ((0, 2), (1, 0))),        # asymmetric
+    ((1, 6, 6, 4), (1, 1, 4, 33), (1, 1), (1, 1), ((0, 0), (0, 0))),        # 1x1
+    ((1, 3, 2, 1), (3, 2, 1, 1), (3, 1), (1, 2), ((2, 3), (0, 1))),         # one channel
+]
+IDS = ["stem7x7", "3x3s2", "dilated", "asymmetric", "1x1", "c1"]
+
+
+def _inputs(case, seed=0, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.standard_normal(case[0]), dtype),
+            jnp.asarray(rng.standard_normal(case[1]), dtype))
+
+
+def _params(case):
+    return dict(strides=case[2], dilations=case[3], padding=case[4])
+
+
+def _close(a, b, k):
+    # f32 sums of k products of O(1) terms, in another order than XLA's at worst
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=8 * k ** 0.5 * 1.2e-7 * 4)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_xla_and_is_one_ffi_call(case):
+    x, w = _inputs(case, seed=hash(case) % 1000)
+    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc(x, w, case[2], case[3], case[4]))
+    _close(f(x, w), conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
+    hlo = f.lower(x, w).compile().as_text()
+    assert hlo.count("jaxops_conv_nhwc") >= 1 and "convolution(" not in hlo
+
+
+def test_vmap_every_pattern_and_vmap_grad():
+    case = CASES[1]
+    xs, ws = zip(*(_inputs(case, seed=s) for s in range(3)))
+    xb, wb = jnp.stack(xs), jnp.stack(ws)
+    p = _params(case)
+    ref = lambda x, w: conv_cpu._reference(x, w, **p)
+    f = lambda x, w: conv_cpu.conv_nhwc_op(x, w, **p)
+    k = np.prod(case[1][:3])
+    _close(jax.vmap(f)(xb, wb), jax.vmap(ref)(xb, wb), k)
+    _close(jax.vmap(f, (0, None))(xb, ws[0]), jax.vmap(ref, (0, None))(xb, ws[0]), k)
+    _close(jax.vmap(f, (None, 0))(xs[0], wb), jax.vmap(ref, (None, 0))(xs[0], wb), k)
+    _close(jax.vmap(f, (3, 4))(jnp.moveaxis(xb, 0, 3), jnp.moveaxis(wb, 0, 4)),
+           jax.vmap(ref)(xb, wb), k)
+    g = jax.vmap(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), (0, 1)))
+    gr = jax.vmap(jax.grad(lambda x, w: jnp.sum(jnp.sin(conv_cpu._reference(x, w, **p))), (0, 1)))
+    for a, b in zip(g(xb, wb), gr(xb, wb)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", CASES[1:4], ids=IDS[1:4])
+def test_gradients_any_order(case):
+    x, w = _inputs(case)
+    f = lambda x, w: conv_cpu.conv_nhwc_op(x, w, **_params(case))
+    check_grads(f, (x, w), order=2, modes=("fwd", "rev"), eps=1e-2, atol=5e-2, rtol=5e-2)
+
+
+def test_sharded_images_without_gather():
+    case = CASES[1]
+    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
+    x, w = _inputs(case)
+    x = jnp.concatenate([x, x + 1.0])  # 4 images
+    placed = jax.device_put(x, NamedSharding(mesh, PartitionSpec("x")))
+    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc_op(x, w, **_params(case)))
+    hlo = f.lower(placed, w).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo and "jaxops_conv_nhwc" in hlo
+    out = f(placed, w)
+    assert out.sharding.spec[:1] == ("x",)
+    _close(out, conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
+
+
+@pytest.mark.parametrize("x_shape, w_shape, params, dtype, error, match", [
+    ((2, 8, 8, 16), (3, 3, 16, 24), {}, jnp.float64, TypeError, "float32"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {}, jnp.int32, TypeError, "float32"),
+    ((8, 8, 16), (3, 3, 16, 24), {}, jnp.float32, ValueError, "rank 4"),
+    ((2, 8, 8, 16), (3, 3, 15, 24), {}, jnp.float32, ValueError, "input channels"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"strides": (0, 1)}, jnp.float32, ValueError, ">= 1"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"padding": ((-1, 0), (0, 0))}, jnp.float32, ValueError,
+     ">= 0"),
+    ((2, 2, 2, 16), (3, 3, 16, 24), {"padding": ((0, 0), (0, 0))}, jnp.float32, ValueError,
+     "larger than"),
+])
+def test_bad_input_is_a_clear_error(x_shape, w_shape, params, dtype, error, match):
+    p = {"strides": (1, 1), "dilations": (1, 1), "padding": ((1, 1), (1, 1)), **params}
+    x, w = jnp.zeros(x_shape, dtype), jnp.zeros(w_shape, dtype)
+    with pytest.raises(error, match=match) as e:
+        conv_cpu.conv_nhwc_op(x, w, **p)
+    assert "conv_nhwc" in str(e.value)
+
+
+def _lowered(platform, x_shape, w_shape, strides, padding, dilations=(1, 1), dtype=jnp.float32,
+             channels_last=True):
+    x = jax.ShapeDtypeStruct(x_shape, dtype)
+    w = jax.ShapeDtypeStruct(w_shape, dtype)
+    f = jax.jit(lambda x, w: conv_general(x, w, strides, padding, dilations, 1, dense=True,
+                                          channels_last=channels_last))
+    return f.trace(x, w).lower(lowering_platforms=(platform,)).as_text()
+
+
+@pytest.mark.parametrize("x_shape, w_shape, strides, padding, taken", [
+    ((2, 3, 32, 32), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, True),     # a 7x7 stem
+    ((2, 16, 8, 8), (24, 16, 3, 3), (2, 2), [(1, 1)] * 2, True),
+    ((2, 16, 8, 8), (24, 16, 1, 1), (1, 1), [(0, 0)] * 2, False),    # 1x1: a matmul
+    ((2, 3, 32, 32), (16, 3, 3, 3), (2, 2), [(1, 1)] * 2, False),    # C * K <= 32: a gather
+    ((2, 3, 32, 32), (16, 3, 4, 4), (4, 4), [(0, 0)] * 2, False),    # patchify: a reorder
+])
+def test_conv_general_takes_it_where_chosen(x_shape, w_shape, strides, padding, taken):
+    assert ("jaxops_conv_nhwc" in _lowered("cpu", x_shape, w_shape, strides, padding)) == taken
+    # not without channels_last (a training graph's), in f64, nor on a GPU
+    assert "jaxops_conv_nhwc" not in _lowered("cpu", x_shape, w_shape, strides, padding,
+                                              channels_last=False)
+    assert "jaxops_conv_nhwc" not in _lowered("cpu", x_shape, w_shape, strides, padding,
+                                              dtype=jnp.float64)
+    assert "jaxops_conv_nhwc" not in _lowered("cuda", x_shape, w_shape, strides, padding)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+def test_conv_general_values_in_every_float(dtype):
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((2, 16, 8, 8)), dtype)
+    w = jnp.asarray(rng.standard_normal((24, 16, 3, 3)), dtype)
+    f = jax.jit(lambda x, w: conv_general(x, w, (2, 2), [(1, 1)] * 2, (1, 1), 1, dense=True,
+                                          channels_last=True))
+    ref = lax.conv_general_dilated(x.astype(jnp.float32), w.astype(jnp.float32), (2, 2),
+                                   [(1, 1)] * 2, dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                   precision=lax.Precision.HIGHEST).astype(dtype)
+    out = f(x, w)
+    assert out.dtype == dtype
+    tol = 2 * float(jnp.finfo(dtype).eps) * float(jnp.max(jnp.abs(ref.astype(jnp.float32))))
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32),
+                               rtol=0, atol=max(tol, 1e-4))

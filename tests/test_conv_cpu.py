@@ -48,7 +48,10 @@ def test_matches_xla_and_is_one_ffi_call(case):
     f = jax.jit(lambda x, w: conv_cpu.conv_nhwc(x, w, case[2], case[3], case[4]))
     _close(f(x, w), conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
     hlo = f.lower(x, w).compile().as_text()
-    assert hlo.count("jaxops_conv_nhwc") >= 1 and "convolution(" not in hlo
+    if jax.default_backend() == "cpu":
+        assert hlo.count("jaxops_conv_nhwc") >= 1 and "convolution(" not in hlo
+    else:  # the CPU's kernel: elsewhere XLA's convolution
+        assert "jaxops_conv_nhwc" not in hlo
 
 
 def test_vmap_every_pattern_and_vmap_grad():

@@ -8,23 +8,26 @@
 
 namespace jaxops {
 
-// cpu: the CPU extension, which also has the CPU-only families and targets.
-inline void define_module(nanobind::module_& m, bool cpu) {
+// kCpu: the CPU extension, which also has the CPU-only families and targets. A template, so
+// that the CUDA extension does not refer to the CPU-only families' functions at all (a
+// runtime branch left them an undefined symbol there, and _cuda failed to import).
+template <bool kCpu>
+void define_module(nanobind::module_& m) {
   namespace nb = nanobind;
-  m.def("registrations", [cpu] {
+  m.def("registrations", [] {
     Registry r;
 #define JAXOPS_REGISTER_FAMILY(family) family::register_handlers(r);
     JAXOPS_FAMILIES(JAXOPS_REGISTER_FAMILY)
-    if (cpu) { JAXOPS_CPU_FAMILIES(JAXOPS_REGISTER_FAMILY) }
+    if constexpr (kCpu) { JAXOPS_CPU_FAMILIES(JAXOPS_REGISTER_FAMILY) }
 #undef JAXOPS_REGISTER_FAMILY
     nb::dict out;
     for (auto& [name, fn] : r.handlers) out[name.c_str()] = nb::capsule(reinterpret_cast<void*>(fn));
     return out;
   });
-  m.def("expected_targets", [cpu] {
+  m.def("expected_targets", [] {
     nb::list out;
     for (const char* name : kTargets) out.append(name);
-    if (cpu)
+    if constexpr (kCpu)
       for (const char* name : kCpuTargets) out.append(name);
     return out;
   });

@@ -51,6 +51,11 @@ inline void pack_weights(const Geometry& g, const float* w, float* panels) {
 
 // The patch rows [kRows][K] of output pixels m0 .. m0 + rows - 1 (rows past the end repeat
 // m0); taps outside x are zero.
+// A short run of floats: a loop (memcpy's call and size dispatch cost more at these sizes).
+inline void copy_run(float* __restrict dst, const float* __restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
 inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows, float* a) {
   const int64_t run = g.kw * g.c;
   for (int r = 0; r < kRows; ++r) {
@@ -66,12 +71,12 @@ inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows
       }
       const float* line = x + (b * g.h + iy) * g.w * g.c;
       if (g.dw == 1 && ix0 >= 0 && ix0 + g.kw <= g.w) {  // the kernel row lies inside x
-        std::memcpy(row, line + ix0 * g.c, sizeof(float) * run);
+        copy_run(row, line + ix0 * g.c, run);
         continue;
       }
       for (int64_t kx = 0; kx < g.kw; ++kx) {
         const int64_t ix = ix0 + kx * g.dw;
-        if (ix >= 0 && ix < g.w) std::memcpy(row + kx * g.c, line + ix * g.c, sizeof(float) * g.c);
+        if (ix >= 0 && ix < g.w) copy_run(row + kx * g.c, line + ix * g.c, g.c);
         else std::memset(row + kx * g.c, 0, sizeof(float) * g.c);
       }
     }
@@ -81,7 +86,11 @@ inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows
 // y[r, :] for the tile's rows, from its accumulators [kRows][kCols], the last panel's
 // columns cut to what O leaves.
 inline void store_tile(const float* acc, int rows, int64_t cols, int64_t o, float* y) {
-  for (int r = 0; r < rows; ++r) std::memcpy(y + r * o, acc + r * kCols, sizeof(float) * cols);
+  if (cols == kCols) {
+    for (int r = 0; r < rows; ++r) std::memcpy(y + r * o, acc + r * kCols, sizeof(float) * kCols);
+    return;
+  }
+  for (int r = 0; r < rows; ++r) copy_run(y + r * o, acc + r * kCols, cols);
 }
 
 // The tile in plain C++: any CPU.

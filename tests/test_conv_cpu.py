@@ -128,6 +128,7 @@ def _lowered(platform, x_shape, w_shape, strides, padding, dilations=(1, 1), dty
     ((2, 16, 8, 8), (24, 16, 1, 1), (1, 1), [(0, 0)] * 2, False),    # 1x1: a matmul
     ((2, 3, 32, 32), (16, 3, 3, 3), (2, 2), [(1, 1)] * 2, False),    # C * K <= 32: a gather
     ((2, 3, 32, 32), (16, 3, 4, 4), (4, 4), [(0, 0)] * 2, False),    # patchify: a reorder
+    ((2, 3, 128, 128), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, False),  # 154 MFLOP: XLA's threads
 ])
 def test_conv_general_takes_it_where_chosen(x_shape, w_shape, strides, padding, taken):
     assert ("jaxops_conv_nhwc" in _lowered("cpu", x_shape, w_shape, strides, padding)) == taken

@@ -10,6 +10,8 @@ panels in registers. Not a public op: its own derivatives are the reference's (X
 convolution; conv_general gives it those of the form it replaces), and it lowers as XLA's
 convolution off the CPU.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,22 +89,34 @@ def conv_nhwc(x, w, strides, dilations, padding):
                         padding=tuple(map(tuple, padding)))
 
 
+# The largest convolution the kernel takes (FLOPs): it runs on the calling thread, and above
+# this XLA's convolution, which spreads over the cores, won at all threads (ResNet's forward,
+# 3-channel 7x7 stem of 154 MFLOP and a 38 MFLOP 3x3 on 128x128 images: 1.29-1.48x ORT's
+# time with them on the kernel, 0.72-0.84x before, 2 threads; one core level either way).
+MAX_FLOPS = 1 << 24
+
+
 def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> bool:
     """Whether conv_general's channels-last CPU path takes the kernel for x [N, C, H, W] and
     w [O, C, KH, KW] (ONNX layouts): group 1, 2-D, f32 or narrower floats (computed in f32),
-    pads >= 0, no input dilation; not where a matmul of x as it lies or of few gathered
-    values does better (1x1, a few-channel stem: C * KH * KW <= 32, non-overlapping
-    windows). DeepLabV3's forward (a 3-channel 7x7 stem and 3x3s on 4x4 and 8x8 maps) ran
-    0.81-0.87x the time with it, one core (2026-11-25, interleaved A/B); with the 1x1s too,
-    MobileNetV3's ran ~1.13x."""
+    pads >= 0, no input dilation, at most MAX_FLOPS; not where a matmul of x as it lies or
+    of few gathered values does better (1x1, a few-channel stem: C * KH * KW <= 32,
+    non-overlapping windows). DeepLabV3's forward (a 3-channel 7x7 stem and 3x3s on 4x4 and
+    8x8 maps) ran 0.81-0.87x the time with it, one core (2026-11-25, interleaved A/B); with
+    the 1x1s too, MobileNetV3's ran ~1.13x."""
     kernel = tuple(w_shape[2:])
-    return (group == 1 and x.ndim == 4 and len(w_shape) == 4
+    if not (group == 1 and x.ndim == 4 and len(w_shape) == 4
             and x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16)
             and kernel != (1, 1) and x.shape[1] * kernel[0] * kernel[1] > 32
             and not (tuple(strides) == kernel and all(d == 1 for d in dilations)
                      and all(p == (0, 0) for p in padding))
             and min(p for pair in padding for p in pair) >= 0
-            and (lhs_dilation is None or all(d == 1 for d in lhs_dilation)))
+            and (lhs_dilation is None or all(d == 1 for d in lhs_dilation))):
+        return False
+    out = [(size + lo + hi - (k - 1) * d - 1) // s + 1 for size, k, s, d, (lo, hi)
+           in zip(x.shape[2:], kernel, strides, dilations, padding)]
+    flops = 2 * x.shape[0] * math.prod(out) * w_shape[0] * x.shape[1] * math.prod(kernel)
+    return flops <= MAX_FLOPS
 
 
 def conv_nchw(x, w, strides, dilations, padding):

@@ -37,6 +37,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/dispatch/dispatch_radix_sort.cuh>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "jaxops/checks.h"
@@ -288,16 +289,15 @@ segment_sum(const uint32_t* keys, const int32_t* pos, const int32_t* row_start, 
   }
 }
 
-// Scratch buffers; the ScratchAllocator frees them after the call, in stream order.
+// Scratch: the call's buffers laid out in one ScratchAllocator allocation (the allocator costs
+// host time per call: eight allocations a call made GatherGrad host-bound when each call is an
+// executable of its own). It is freed after the call, in stream order.
 struct Scratch {
-  ffi::ScratchAllocator& alloc;
-  bool failed = false;
-  template <typename P>
-  P* get(size_t bytes) {
-    // XLA refuses alignments above 64 bytes; CUB aligns its own temp storage inside
-    auto p = alloc.Allocate(bytes > 0 ? bytes : 1, 16);
-    if (!p.has_value()) failed = true;
-    return p.has_value() ? static_cast<P*>(*p) : nullptr;
+  size_t total = 0;
+  size_t add(size_t bytes) {  // the offset of a new buffer, 256-byte aligned
+    const size_t at = total;
+    total += (bytes + 255) / 256 * 256;
+    return at;
   }
 };
 
@@ -308,9 +308,7 @@ struct SideStream {
 };
 std::mutex side_mu;  // held from the fork until XLA's stream waits on the join
 
-SideStream* side_stream(cudaStream_t main) {
-  int dev = 0;
-  if (cudaStreamGetDevice(main, &dev) != cudaSuccess) return nullptr;
+SideStream* side_stream(int dev) {
   static std::map<int, SideStream> streams;
   auto [it, fresh] = streams.try_emplace(dev);
   SideStream& s = it->second;
@@ -339,24 +337,39 @@ cudaStream_t fork_to_side(cudaStream_t main, SideStream* side) {
   return main;
 }
 
+// Step 3's launch shape and buffers.
+struct Reduce {
+  Dims d;
+  int threads;
+  int64_t col_blocks, ncounters;
+  size_t row_start, counters, partial;  // scratch offsets
+};
+
+template <typename T, int VEC>
+Reduce plan_reduce(const View& w, Scratch& scratch) {
+  Reduce r;
+  r.d = Dims{w.n, w.v, w.inner / VEC, w.outer * (w.inner / VEC), piece_size(w.n, w.v), 0};
+  r.d.chunks = ceil_div(w.n, r.d.piece);
+  r.threads = int(r.d.cols >= kThreads ? kThreads : ceil_div(r.d.cols, 32) * 32);
+  r.col_blocks = ceil_div(r.d.cols, r.threads) < 65535 ? ceil_div(r.d.cols, r.threads) : 65535;
+  r.ncounters = r.d.chunks * r.col_blocks;
+  r.row_start = scratch.add((w.v + 1) * sizeof(int32_t));
+  r.counters = scratch.add(r.ncounters * sizeof(int32_t));
+  // one slot per chunk (it starts at most one piece)
+  r.partial = scratch.add(r.d.chunks * w.outer * w.inner * sizeof(acc_t<T>));
+  return r;
+}
+
 template <typename T, int VEC>
 ffi::Error reduce(const char* op, cudaStream_t stream, cudaStream_t sort_stream,
-                  SideStream* side, Scratch& scratch, const View& w, const uint32_t* keys,
-                  const int32_t* pos, const T* dy, T* dx) {
-  Dims d{w.n, w.v, w.inner / VEC, w.outer * (w.inner / VEC), piece_size(w.n, w.v), 0};
-  d.chunks = ceil_div(w.n, d.piece);
-  const int threads = int(d.cols >= kThreads ? kThreads : ceil_div(d.cols, 32) * 32);
-  const int64_t col_blocks = ceil_div(d.cols, threads) < 65535 ? ceil_div(d.cols, threads) : 65535;
-  const int64_t ncounters = d.chunks * col_blocks;
-  auto* row_start = scratch.get<int32_t>((w.v + 1) * sizeof(int32_t));
-  auto* counters = scratch.get<int32_t>(ncounters * sizeof(int32_t));
-  // one slot per chunk (it starts at most one piece)
-  auto* partial = scratch.get<acc_t<T>>(d.chunks * w.outer * w.inner * sizeof(acc_t<T>));
-  if (scratch.failed) {
-    cudaStreamSynchronize(sort_stream);
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string(op) + ": out of scratch memory");
-  }
+                  SideStream* side, const Reduce& r, char* base, const View& w,
+                  const uint32_t* keys, const int32_t* pos, const T* dy, T* dx) {
+  const Dims& d = r.d;
+  const int threads = r.threads;
+  const int64_t col_blocks = r.col_blocks, ncounters = r.ncounters;
+  auto* row_start = reinterpret_cast<int32_t*>(base + r.row_start);
+  auto* counters = reinterpret_cast<int32_t*>(base + r.counters);
+  auto* partial = reinterpret_cast<acc_t<T>*>(base + r.partial);
   const int64_t bound_items = w.v + 1 > ncounters ? w.v + 1 : ncounters;
   const int64_t bound_blocks = ceil_div(bound_items, 256) < 8192 ? ceil_div(bound_items, 256) : 8192;
   row_bounds<<<unsigned(bound_blocks), 256, 0, sort_stream>>>(keys, int(w.n), w.v, row_start,
@@ -377,30 +390,52 @@ ffi::Error reduce(const char* op, cudaStream_t stream, cudaStream_t sort_stream,
   return cuda_error(op, cudaGetLastError());
 }
 
+// The sort's temporary bytes for n keys of end_bit bits: CUB's size query costs host time a
+// call, so it is asked once per (device, n, end_bit). Guarded by side_mu.
+size_t sort_temp_bytes(int dev, int64_t n, int end_bit, cudaStream_t stream, cudaError_t* err) {
+  static std::map<std::tuple<int, int64_t, int>, size_t> known;
+  const auto key = std::make_tuple(dev, n, end_bit);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  size_t bytes = 0;
+  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr);
+  cub::DoubleBuffer<int32_t> pos(nullptr, nullptr);
+  *err = Sort::Dispatch(nullptr, bytes, keys, pos, SortOffset(n), 0, end_bit, true, stream);
+  if (*err == cudaSuccess) known[key] = bytes;
+  return bytes;
+}
+
 template <typename T, typename I>
-ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View& w,
-               const I* idx, const T* dy, T* dx, SideStream* side) {
+ffi::Error run(const char* op, cudaStream_t stream, ffi::ScratchAllocator& alloc, int dev,
+               const View& w, const I* idx, const T* dy, T* dx, SideStream* side) {
   constexpr int kVec = 16 / sizeof(T);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = w.inner % kVec == 0 && aligned(dy) && aligned(dx);
 
-  // key and position buffers, two of each: the sort ping-pongs between them
-  cub::DoubleBuffer<uint32_t> keys(scratch.get<uint32_t>(w.n * sizeof(uint32_t)),
-                                   scratch.get<uint32_t>(w.n * sizeof(uint32_t)));
-  cub::DoubleBuffer<int32_t> pos(scratch.get<int32_t>(w.n * sizeof(int32_t)),
-                                 scratch.get<int32_t>(w.n * sizeof(int32_t)));
-  if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                                        std::string(op) + ": out of scratch memory");
-
   int end_bit = 1;  // bits that hold every key, V included
   while (end_bit < 32 && (uint64_t(1) << end_bit) <= uint64_t(w.v)) ++end_bit;
-  size_t temp_bytes = 0;
-  cudaError_t err = Sort::Dispatch(nullptr, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit,
-                                   true, stream);
-  void* temp = scratch.get<void>(temp_bytes);
+  cudaError_t err = cudaSuccess;
+  const size_t temp_bytes = sort_temp_bytes(dev, w.n, end_bit, stream, &err);
   if (err != cudaSuccess) return cuda_error(op, err);
-  if (scratch.failed) return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                                        std::string(op) + ": out of scratch memory");
+
+  // key and position buffers, two of each (the sort ping-pongs between them), the sort's
+  // temporary storage and step 3's buffers, in one allocation
+  Scratch scratch;
+  const size_t keys0 = scratch.add(w.n * sizeof(uint32_t)), keys1 = scratch.add(w.n * sizeof(uint32_t));
+  const size_t pos0 = scratch.add(w.n * sizeof(int32_t)), pos1 = scratch.add(w.n * sizeof(int32_t));
+  const size_t temp_at = scratch.add(temp_bytes);
+  const Reduce plan = vec ? plan_reduce<T, kVec>(w, scratch) : plan_reduce<T, 1>(w, scratch);
+  // XLA's scratch allocator takes alignments of 16 at most here (64 failed on an H100, jax
+  // 0.11.2); CUB aligns its temporary storage inside, the other buffers need 16
+  auto block = alloc.Allocate(scratch.total, 16);
+  if (!block.has_value())
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(op) + ": out of scratch memory (" +
+                          std::to_string(scratch.total) + " bytes)");
+  char* base = static_cast<char*>(*block);
+  cub::DoubleBuffer<uint32_t> keys(reinterpret_cast<uint32_t*>(base + keys0),
+                                   reinterpret_cast<uint32_t*>(base + keys1));
+  cub::DoubleBuffer<int32_t> pos(reinterpret_cast<int32_t*>(base + pos0),
+                                 reinterpret_cast<int32_t*>(base + pos1));
 
   // The fill is launched first: the sort's blocks, at a higher priority, go ahead of its rest.
   const cudaStream_t sort_stream = fork_to_side(stream, side);
@@ -410,16 +445,17 @@ ffi::Error run(const char* op, cudaStream_t stream, Scratch& scratch, const View
   if (err == cudaSuccess) {
     make_keys<I><<<unsigned(key_blocks), 256, 0, sort_stream>>>(idx, w.n, w.v, keys.Current(),
                                                                 pos.Current());
-    err = Sort::Dispatch(temp, temp_bytes, keys, pos, SortOffset(w.n), 0, end_bit, true,
+    size_t bytes = temp_bytes;
+    err = Sort::Dispatch(base + temp_at, bytes, keys, pos, SortOffset(w.n), 0, end_bit, true,
                          sort_stream);
   }
   if (err != cudaSuccess) {
     cudaStreamSynchronize(sort_stream);  // never leave the sort racing the scratch's reuse
     return cuda_error(op, err);
   }
-  return vec ? reduce<T, kVec>(op, stream, sort_stream, side, scratch, w, keys.Current(),
+  return vec ? reduce<T, kVec>(op, stream, sort_stream, side, plan, base, w, keys.Current(),
                               pos.Current(), dy, dx)
-             : reduce<T, 1>(op, stream, sort_stream, side, scratch, w, keys.Current(),
+             : reduce<T, 1>(op, stream, sort_stream, side, plan, base, w, keys.Current(),
                             pos.Current(), dy, dx);
 }
 
@@ -436,13 +472,15 @@ ffi::Error gather_grad_cuda(cudaStream_t stream, ffi::ScratchAllocator alloc,
     if (dx->element_count() == 0) return ffi::Error::Success();
     if (w.n == 0)  // no index: dX = 0 (otherwise every row is written once below)
       return cuda_error(op, cudaMemsetAsync(dx->untyped_data(), 0, dx->size_bytes(), stream));
-    Scratch scratch{alloc};
+    int dev = 0;
+    if (cudaError_t e = cudaStreamGetDevice(stream, &dev); e != cudaSuccess)
+      return cuda_error(op, e);
     std::lock_guard<std::mutex> lock(side_mu);
-    SideStream* side = side_stream(stream);
+    SideStream* side = side_stream(dev);
     if (indices.element_type() == ffi::DataType::S32)
-      return run<T>(op, stream, scratch, w, indices.reinterpret_data<int32_t>(),
+      return run<T>(op, stream, alloc, dev, w, indices.reinterpret_data<int32_t>(),
                     dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), side);
-    return run<T>(op, stream, scratch, w, indices.reinterpret_data<int64_t>(),
+    return run<T>(op, stream, alloc, dev, w, indices.reinterpret_data<int64_t>(),
                   dy.reinterpret_data<T>(), dx->reinterpret_data<T>(), side);
   });
 }

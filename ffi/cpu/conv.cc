@@ -1,5 +1,7 @@
 // CPU handler of the channels-last inference convolution (jaxops/conv.h). CPU only: on a GPU
 // the convolution stays XLA's.
+#include <utility>
+
 #include "jaxops/checks.h"
 #include "jaxops/conv.h"
 #include "jaxops/registry.h"
@@ -9,9 +11,13 @@ namespace {
 
 constexpr const char* kOp = "conv_nhwc";
 
-ffi::Error conv_nhwc(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                     ffi::Result<ffi::Buffer<ffi::F32>> y, int64_t sh, int64_t sw, int64_t dh,
-                     int64_t dw, int64_t ph, int64_t pw) {
+ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph, int64_t pw) {
+  // types first: a registered target is public (jaxops/checks.h)
+  constexpr Types kF32 = types_of({DataType::F32});
+  for (auto [what, t] : {std::pair{"x", x.element_type()}, std::pair{"w", w.element_type()},
+                         std::pair{"y", y->element_type()}})
+    if (auto err = check_type(what, t, kF32); !err.empty()) return invalid(kOp, err);
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || wd.size() != 4 || yd.size() != 4)
     return invalid(kOp, "x, w and y must have rank 4 (NHWC, HWIO, NHWC)");
@@ -20,7 +26,9 @@ ffi::Error conv_nhwc(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
   const Geometry g{xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[3], yd[1], yd[2],
                    sh,    sw,    dh,    dw,    ph,    pw};
   if (auto err = check(g); !err.empty()) return invalid(kOp, err);
-  if (y->element_count() > 0) convolve(g, x.typed_data(), w.typed_data(), y->typed_data());
+  if (y->element_count() > 0)
+    convolve(g, x.reinterpret_data<float>(), w.reinterpret_data<float>(),
+             y->reinterpret_data<float>());
   return ffi::Error::Success();
 }
 
@@ -28,9 +36,9 @@ ffi::Error conv_nhwc(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvNhwcCpu, conv_nhwc,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("sh")
                                   .Attr<int64_t>("sw")
                                   .Attr<int64_t>("dh")

@@ -49,13 +49,13 @@ inline void pack_weights(const Geometry& g, const float* w, float* panels) {
       }
 }
 
-// The patch rows [kRows][K] of output pixels m0 .. m0 + rows - 1 (rows past the end repeat
-// m0); taps outside x are zero.
 // A short run of floats: a loop (memcpy's call and size dispatch cost more at these sizes).
 inline void copy_run(float* __restrict dst, const float* __restrict src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
 }
 
+// The patch rows [kRows][K] of output pixels m0 .. m0 + rows - 1 (rows past the end repeat
+// m0); taps outside x are zero.
 inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows, float* a) {
   const int64_t run = g.kw * g.c;
   for (int r = 0; r < kRows; ++r) {

@@ -1,6 +1,6 @@
 """The CPU convolution kernel (jaxops/ops/conv_cpu.py, ffi/include/jaxops/conv.h): XLA's values
-on fresh inputs at shapes that leave partial tiles (pixels not a multiple of 6, channels not of
-16), strides, dilations and pads that reach past the input; jit, vmap, gradients of any order
+on fresh inputs at shapes that leave partial tiles (pixels not a multiple of 6 or 12, channels
+not of 16 or 32) with every tile code the CPU has, strides, dilations and pads that reach past the input; jit, vmap, gradients of any order
 (the reference's), sharding by images, clear errors; and conv_general takes it only where it
 is chosen (the channels-last CPU path of an inference forward)."""
 import jax
@@ -42,10 +42,13 @@ def _close(a, b, k):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=8 * k ** 0.5 * 1.2e-7 * 4)
 
 
+@pytest.mark.parametrize("isa", ["best", "generic", "avx2", "avx512"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_matches_xla_and_is_one_ffi_call(case):
+def test_matches_xla_and_is_one_ffi_call(case, isa):
+    # every tile code the CPU has (one it lacks runs the best below it): 6- and 12-pixel
+    # tiles, one- and two-panel tiles, partial tiles of each
     x, w = _inputs(case, seed=hash(case) % 1000)
-    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc(x, w, case[2], case[3], case[4]))
+    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc(x, w, case[2], case[3], case[4], isa=isa))
     _close(f(x, w), conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
     hlo = f.lower(x, w).compile().as_text()
     if jax.default_backend() == "cpu":
@@ -104,6 +107,7 @@ def test_sharded_images_without_gather():
      ">= 0"),
     ((2, 2, 2, 16), (3, 3, 16, 24), {"padding": ((0, 0), (0, 0))}, jnp.float32, ValueError,
      "larger than"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"isa": "sse"}, jnp.float32, ValueError, "isa"),
 ])
 def test_bad_input_is_a_clear_error(x_shape, w_shape, params, dtype, error, match):
     p = {"strides": (1, 1), "dilations": (1, 1), "padding": ((1, 1), (1, 1)), **params}

@@ -102,7 +102,7 @@ _SCRIPT = textwrap.dedent(r'''
     def conv_nhwc(t):
         return ([S((2, 4, 4, 8), t)], [arr((2, 6, 6, 3), t), arr((3, 3, 3, 8), t)],
                 dict(sh=np.int64(1), sw=np.int64(1), dh=np.int64(1), dw=np.int64(1),
-                     ph=np.int64(0), pw=np.int64(0)))
+                     ph=np.int64(0), pw=np.int64(0), isa=np.int64(0)))
 
     CALLS = {
         "jaxops_conv_nhwc": conv_nhwc,

@@ -20,6 +20,8 @@ from jax import lax
 from jaxops._src.op import Factors, Op
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
+# The kernel's tile code (conv.h's Isa): a name or 0 -> the attribute's value.
+ISAS = {0: 0, "best": 0, "generic": 1, "avx2": 2, "avx512": 3}
 
 
 def _out(x, w, strides, dilations, padding):
@@ -28,7 +30,7 @@ def _out(x, w, strides, dilations, padding):
                                                     dilations, padding))
 
 
-def _shape(x, w, *, strides, dilations, padding):
+def _shape(x, w, *, strides, dilations, padding, isa=0):
     if x.dtype != jnp.float32 or w.dtype != jnp.float32:
         raise TypeError(f"x and w must be float32, got {x.dtype} and {w.dtype}")
     if x.ndim != 4 or w.ndim != 4:
@@ -36,6 +38,8 @@ def _shape(x, w, *, strides, dilations, padding):
                          f"{x.shape} and {w.shape}")
     if w.shape[2] != x.shape[3]:
         raise ValueError(f"w's input channels {w.shape[2]} != x's {x.shape[3]}")
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {list(ISAS)}, got {isa!r}")
     if min(*strides, *dilations) < 1 or min(p for pair in padding for p in pair) < 0:
         raise ValueError(f"strides {strides} and dilations {dilations} must be >= 1 and "
                          f"padding {padding} >= 0")
@@ -46,7 +50,7 @@ def _shape(x, w, *, strides, dilations, padding):
     return jax.ShapeDtypeStruct((x.shape[0], *out, w.shape[3]), jnp.float32)
 
 
-def _reference(x, w, *, strides, dilations, padding):
+def _reference(x, w, *, strides, dilations, padding, isa=0):
     return lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
                                     dimension_numbers=_DIMS, precision=lax.Precision.HIGHEST)
 
@@ -65,10 +69,10 @@ def _batch(op, args, dims, **params):
     return lax.map(lambda xw: op.bind(*xw, **params), (x, w)), 0
 
 
-def _ffi_attrs(x, w, *, strides, dilations, padding):
+def _ffi_attrs(x, w, *, strides, dilations, padding, isa=0):
     (sh, sw), (dh, dw), ((ph, _), (pw, _)) = strides, dilations, padding
-    return {name: np.int64(v) for name, v in
-            zip(("sh", "sw", "dh", "dw", "ph", "pw"), (sh, sw, dh, dw, ph, pw))}
+    return {name: np.int64(v) for name, v in zip(("sh", "sw", "dh", "dw", "ph", "pw", "isa"),
+                                                (sh, sw, dh, dw, ph, pw, ISAS[isa]))}
 
 
 def _factors(x, w, **params):
@@ -82,11 +86,12 @@ conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
                   xla_when=lambda platform, *args, **params: platform != "cpu")
 
 
-def conv_nhwc(x, w, strides, dilations, padding):
+def conv_nhwc(x, w, strides, dilations, padding, isa=0):
     """y [N, OH, OW, O] = x [N, H, W, C] (*) w [KH, KW, C, O], f32, padding ((lo, hi), (lo, hi))
-    with every pad >= 0."""
+    with every pad >= 0. `isa` picks the kernel's tile code (ISAS; 0: the best the CPU has,
+    a higher one than it has falls back to the best below): the tests run every path."""
     return conv_nhwc_op(x, w, strides=tuple(strides), dilations=tuple(dilations),
-                        padding=tuple(map(tuple, padding)))
+                        padding=tuple(map(tuple, padding)), isa=isa)
 
 
 # The largest convolution the kernel takes (FLOPs): it runs on the calling thread, and above

@@ -1,8 +1,9 @@
-"""The CPU convolution kernel (jaxops/ops/conv_cpu.py, ffi/include/jaxops/conv.h): XLA's values
-on fresh inputs at shapes that leave partial tiles (pixels not a multiple of 6 or 12, channels
-not of 16 or 32) with every tile code the CPU has, strides, dilations and pads that reach past the input; jit, vmap, gradients of any order
-(the reference's), sharding by images, clear errors; and conv_general takes it only where it
-is chosen (the channels-last CPU path of an inference forward)."""
+"""The CPU convolution kernel (jaxops/ops/conv_cpu.py, ffi/include/jaxops/conv.h): XLA's values on
+fresh inputs at shapes that leave partial tiles (pixels not a multiple of 6 or 12, channels not
+of 16 or 32) with every tile code the CPU has, strides, dilations and pads that reach past the
+input; jit, vmap, gradients of any order (the reference's), sharding by images, clear errors;
+and conv_general takes it only where it is chosen (the channels-last CPU path of an inference
+forward)."""
 import jax
 import jax.numpy as jnp
 import numpy as np

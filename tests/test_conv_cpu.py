@@ -24,8 +24,10 @@ CASES = [
     ((3, 5, 7, 5), (2, 3, 5, 17), (1, 2), (2, 1), ((0, 2), (1, 0))),        # asymmetric
     ((1, 6, 6, 4), (1, 1, 4, 33), (1, 1), (1, 1), ((0, 0), (0, 0))),        # 1x1
     ((1, 3, 2, 1), (3, 2, 1, 1), (3, 1), (1, 2), ((2, 3), (0, 1))),         # one channel
+    # pads and strides far beyond the image: no zero-bordered copy of it (it would be ~32 MB)
+    ((1, 4, 4, 2), (3, 3, 2, 4), (1000, 1000), (1, 1), ((1000, 1000), (1000, 1000))),
 ]
-IDS = ["stem7x7", "3x3s2", "dilated", "asymmetric", "1x1", "c1"]
+IDS = ["stem7x7", "3x3s2", "dilated", "asymmetric", "1x1", "c1", "huge_pads"]
 
 
 def _inputs(case, seed=0, dtype=jnp.float32):

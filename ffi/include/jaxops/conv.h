@@ -181,6 +181,17 @@ inline Tiling tiling(Isa isa) {
   return {6, 1, tile_generic, tile_generic};
 }
 
+// Whether padded()'s copy is no larger than the patch rows the convolution packs anyway (in
+// doubles: strides and pads from a model could be any size, and their products must not wrap).
+inline bool copy_pays(const Geometry& g) {
+  const double h = std::max(double(g.h) + double(g.ph),
+                            double(g.oh - 1) * double(g.sh) + double(g.kh - 1) * double(g.dh) + 1);
+  const double w = std::max(double(g.w) + double(g.pw),
+                            double(g.ow - 1) * double(g.sw) + double(g.kw - 1) * double(g.dw) + 1);
+  return double(g.n) * h * w * double(g.c) <=
+         double(g.n) * double(g.oh) * double(g.ow) * double(g.k());
+}
+
 // x copied into a zero border wide enough for every tap of g (its pads and the end overhang
 // oh, ow imply), and the geometry of reading that copy without pads: the patch rows then come
 // from whole kernel rows, where at the image border pack_patches copied tap by tap (DeepLabV3's
@@ -202,8 +213,9 @@ inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& co
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
                      Isa isa = Isa::kBest) {
   std::vector<float> copy;
-  // (dilated kernel rows are copied tap by tap anyway: there the copy only costs)
-  const bool pad = geometry.dw == 1 && (geometry.ph || geometry.pw);
+  // Not for dilated kernel rows (copied tap by tap anyway: there the copy only costs), nor
+  // where the copy would outgrow the patch rows (copy_pays).
+  const bool pad = geometry.dw == 1 && (geometry.ph || geometry.pw) && copy_pays(geometry);
   const Geometry g = pad ? padded(geometry, x, copy) : geometry;
   if (!copy.empty()) x = copy.data();
   const Tiling t = tiling(isa);

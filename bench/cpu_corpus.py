@@ -26,6 +26,9 @@ subprocess:
        a 2048x2048 matmul, a conv and an elementwise op at 1.8-2.0 CPU seconds per wall
        second on 2 cores (measured 2026-11-24), bound to one core at 1.0.
   all  both libraries' defaults (every core the process may use).
+  all1 every core for the process, ORT at its defaults, jaxops configured for small models:
+       jaxops.configure_cpu(threads=1) (one XLA:CPU intra-op thread, each call run on the
+       calling thread), what docs/training.md recommends for such models.
 The table's cpu/wall columns (CPU time of the process per wall second while timing each side)
 show the threading each side really had.
 
@@ -317,7 +320,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", help="comma list of corpus exports (default: every one that "
                    "ORT trains, then the forward-only ones)")
-    p.add_argument("--threads", default="1,all", help="comma list of 1 and/or all")
+    p.add_argument("--threads", default="1,all,all1", help="comma list of 1, all and all1")
     p.add_argument("--reps", type=int, default=15, help="timed calls per implementation")
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
     p.add_argument("--xla-conv", action="store_true", help="every convolution as XLA's own, "
@@ -338,12 +341,15 @@ def main(argv=None):
     else:
         models = sorted(runnable, key=lambda k: (manifest[k]["status"] != "ok", k))
     threads = [t.strip() for t in args.threads.split(",")]
-    if any(t not in ("1", "all") for t in threads):
-        p.error("--threads takes 1 and/or all")
-    threads = [1 if t == "1" else "all" for t in threads]
+    if any(t not in ("1", "all", "all1") for t in threads):
+        p.error("--threads takes 1, all and all1")
+    threads = [1 if t == "1" else t for t in threads]
     if args.worker:
         if threads[0] == 1:  # before jax and ORT make their thread pools
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        if threads[0] == "all1":  # before jax makes its CPU client
+            import jaxops
+            jaxops.configure_cpu(threads=1)
         if args.sync_dispatch:  # before jax makes its CPU client
             import jax
             jax.config.update("jax_cpu_enable_async_dispatch", False)

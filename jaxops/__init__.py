@@ -1,5 +1,6 @@
 """jaxops: ONNX Runtime's training kernels as differentiable JAX primitives."""
 from jaxops import nn, ops
+from jaxops.cpu import configure_cpu
 
 __version__ = "0.1.0"
-__all__ = ["nn", "ops"]
+__all__ = ["configure_cpu", "nn", "ops"]

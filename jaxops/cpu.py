@@ -9,9 +9,9 @@ counterpart, with two differences: it is process-wide (XLA's CPU client is one p
 it must be set before jax starts its backends (the client reads it when it is created).
 
 Measured on the real-model corpus (2 vCPUs, ORT 1.19.2 at its defaults on both, 2026-11-27,
-`python -m bench.cpu_corpus`, its `all1` rows, two runs): jaxops' training step no slower than
-ORT's for 23 and 25 of 26 exports with threads=1 against 13 and 17 with XLA's defaults, its
-forward for 22 and 21 of 32 against 5 and 8 (docs/performance.md).
+`python -m bench.cpu_corpus`, its `all1` rows, three runs): jaxops' training step no slower
+than ORT's for 23-25 of 26 exports with threads=1 against 13-17 with XLA's defaults, its
+forward for 21-22 of 32 against 5-8 (docs/performance.md).
 """
 from __future__ import annotations
 

@@ -111,3 +111,15 @@ def test_session_options_configured_first_are_quiet():
     out = subprocess.run([sys.executable, "-c", script], env={**env, "JAX_PLATFORMS": "cpu"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+@pytest.mark.ort
+def test_ort_session_options_themselves():
+    ort = pytest.importorskip("onnxruntime")
+    options = ort.SessionOptions()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _module(options)  # ORT's default: 0, every core
+    options.intra_op_num_threads = 1
+    with pytest.warns(RuntimeWarning, match=r"configure_cpu\(threads=1\)"):
+        _module(options)

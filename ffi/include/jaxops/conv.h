@@ -3,7 +3,8 @@
 // im2col + matmul run such convolutions in several thunks at well below the core's FMA peak
 // (DeepLabV3's 3-channel 7x7 stem ~60% of it); this is one pass that packs a block of MR
 // output pixels' patch rows (kernel rows are contiguous runs in NHWC) and multiplies them
-// by 16-channel panels of the weights in registers (an MR x 16 tile of FMAs).
+// by 16-channel panels of the weights in registers (a tile of FMAs: 6 pixels x 16 channels
+// on AVX2, 12 x 32 on AVX-512, picked at run time).
 #pragma once
 
 #include <algorithm>

@@ -70,7 +70,7 @@ def _module(options):
     from jaxops.onnx.training import CheckpointState, Module
     state = CheckpointState.load_checkpoint(_ARTIFACTS / "checkpoint")
     return Module(str(_ARTIFACTS / "training_model.onnx"), state,
-                  str(_ARTIFACTS / "eval_model.onnx"), "cpu", options)
+                  str(_ARTIFACTS / "eval_model.onnx"), None, options)  # jax's default device
 
 
 def test_session_options_after_the_backends_started_warn_and_train():

@@ -107,9 +107,11 @@ def polls(compiled) -> bool:
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
-def wait_polling(outs, seconds: float = POLL_SECONDS) -> None:
+def wait_polling(outs, seconds: float | None = None) -> None:
     """Polls until every array in `outs` is ready, yielding the core between polls, for at most
-    `seconds` (then returns: reading a value blocks as usual)."""
+    `seconds` (default POLL_SECONDS, read at the call; then returns: reading a value blocks as
+    usual)."""
+    seconds = POLL_SECONDS if seconds is None else seconds
     end = None
     for x in jax.tree_util.tree_leaves(outs):
         if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):

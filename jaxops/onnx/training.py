@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops._src.compat import backends_started
 from jaxops.cpu import configure_cpu
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
@@ -264,14 +263,14 @@ def _apply_session_options(options) -> None:
                          f"got {threads!r}")
     if threads == 0 or os.environ.get("PJRT_NPROC") == str(threads):
         return  # ORT's default (every core) is XLA's; or already so configured
-    if backends_started():
+    try:
+        configure_cpu(threads)
+    except RuntimeError:  # jax's backends have started
         warnings.warn(
             f"Module: session_options.intra_op_num_threads={threads} does not take effect: "
             "jax's backends have started (loading the checkpoint starts them), and XLA:CPU's "
             f"threads are fixed then. Call jaxops.configure_cpu(threads={threads}) first, right "
             "after the imports", RuntimeWarning, stacklevel=3)
-        return
-    configure_cpu(threads)
 
 
 class Module:

@@ -91,13 +91,17 @@ inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows
   }
 }
 
+// How far the taps of `out` outputs reach along one axis (stride s, kernel k, dilation d),
+// in doubles: the attributes could be any size, and their products must not wrap.
+inline double extent(int64_t out, int64_t s, int64_t k, int64_t d) {
+  return double(out - 1) * double(s) + double(k - 1) * double(d) + 1;
+}
+
 // Whether every tap of g lies inside x with kernel rows contiguous (no pads, dw 1: padded()'s
 // geometry, or a window that fits): pack_inside's case.
-// (In doubles: the attributes could be any size, and their products must not wrap.)
 inline bool inside(const Geometry& g) {
-  return g.ph == 0 && g.pw == 0 && g.dw == 1 &&
-         double(g.oh - 1) * double(g.sh) + double(g.kh - 1) * double(g.dh) < double(g.h) &&
-         double(g.ow - 1) * double(g.sw) + double(g.kw - 1) < double(g.w);
+  return g.ph == 0 && g.pw == 0 && g.dw == 1 && extent(g.oh, g.sh, g.kh, g.dh) <= double(g.h) &&
+         extent(g.ow, g.sw, g.kw, g.dw) <= double(g.w);
 }
 
 // pack_patches for inside(g): one run of KW * C floats a kernel row, no bounds checks
@@ -205,14 +209,16 @@ inline Tiling tiling(Isa isa) {
   return {6, 1, tile_generic, tile_generic};
 }
 
-// Whether padded()'s copy is no larger than the patch rows the convolution packs anyway (in
-// doubles: strides and pads from a model could be any size, and their products must not wrap).
+// padded()'s copy: its height and width (doubles, as extent), and whether it is no larger than
+// the patch rows the convolution packs anyway.
+inline double padded_h(const Geometry& g) {
+  return std::max(double(g.h) + double(g.ph), extent(g.oh, g.sh, g.kh, g.dh));
+}
+inline double padded_w(const Geometry& g) {
+  return std::max(double(g.w) + double(g.pw), extent(g.ow, g.sw, g.kw, g.dw));
+}
 inline bool copy_pays(const Geometry& g) {
-  const double h = std::max(double(g.h) + double(g.ph),
-                            double(g.oh - 1) * double(g.sh) + double(g.kh - 1) * double(g.dh) + 1);
-  const double w = std::max(double(g.w) + double(g.pw),
-                            double(g.ow - 1) * double(g.sw) + double(g.kw - 1) * double(g.dw) + 1);
-  return double(g.n) * h * w * double(g.c) <=
+  return double(g.n) * padded_h(g) * padded_w(g) * double(g.c) <=
          double(g.n) * double(g.oh) * double(g.ow) * double(g.k());
 }
 
@@ -223,8 +229,8 @@ inline bool copy_pays(const Geometry& g) {
 inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& copy) {
   Geometry p = g;
   p.ph = p.pw = 0;
-  p.h = std::max(g.h + g.ph, (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1);
-  p.w = std::max(g.w + g.pw, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1);
+  p.h = int64_t(padded_h(g));  // exact: copy_pays bounded them by the patch rows' size
+  p.w = int64_t(padded_w(g));
   copy.assign(p.n * p.h * p.w * p.c, 0.f);
   for (int64_t b = 0; b < g.n; ++b)
     for (int64_t y = 0; y < g.h; ++y)

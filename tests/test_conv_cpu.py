@@ -1,7 +1,8 @@
 """The CPU convolution kernel (jaxops/ops/conv_cpu.py, ffi/include/jaxops/conv.h): XLA's values on
 fresh inputs at shapes that leave partial tiles (pixels not a multiple of 6 or 12, channels not
 of 16 or 32) with every tile code the CPU has, strides, dilations and pads that reach past the
-input; jit, vmap, gradients of any order (the reference's), sharding by images, clear errors;
+input, groups; jit, vmap, gradients of any order (the reference's), sharding by images, clear
+errors;
 and conv_general takes it only where it is chosen (the channels-last CPU path of an inference
 forward)."""
 import jax
@@ -16,7 +17,7 @@ from helpers import on_cpu_devices
 from jaxops.ops import conv_cpu
 from jaxops.ops.conv import conv_general
 
-# (x [N, H, W, C], w [KH, KW, C, O], strides, dilations, padding)
+# (x [N, H, W, C], w [KH, KW, C / groups, O], strides, dilations, padding[, groups])
 CASES = [
     ((2, 32, 32, 3), (7, 7, 3, 64), (2, 2), (1, 1), ((3, 3), (3, 3))),      # DeepLabV3's stem
     ((2, 8, 8, 16), (3, 3, 16, 24), (2, 2), (1, 1), ((1, 1), (1, 1))),
@@ -26,8 +27,13 @@ CASES = [
     ((1, 3, 2, 1), (3, 2, 1, 1), (3, 1), (1, 2), ((2, 3), (0, 1))),         # one channel
     # pads and strides far beyond the image: no zero-bordered copy of it (it would be ~32 MB)
     ((1, 4, 4, 2), (3, 3, 2, 4), (1000, 1000), (1, 1), ((1000, 1000), (1000, 1000))),
+    ((2, 16, 16, 16), (3, 3, 8, 16), (2, 2), (1, 1), ((1, 1), (1, 1)), 2),  # RegNet's groups
+    # groups of 40 outputs (two panels and a partial one), dilated and asymmetric: tap by tap
+    ((1, 7, 6, 15), (3, 2, 5, 120), (1, 2), (2, 1), ((2, 0), (1, 1)), 3),
+    ((2, 5, 5, 32), (3, 3, 4, 32), (1, 1), (1, 1), ((0, 0), (0, 0)), 8),    # 4-channel groups
 ]
-IDS = ["stem7x7", "3x3s2", "dilated", "asymmetric", "1x1", "c1", "huge_pads"]
+IDS = ["stem7x7", "3x3s2", "dilated", "asymmetric", "1x1", "c1", "huge_pads", "grouped",
+       "grouped_wide", "grouped_4"]
 
 
 def _inputs(case, seed=0, dtype=jnp.float32):
@@ -37,7 +43,8 @@ def _inputs(case, seed=0, dtype=jnp.float32):
 
 
 def _params(case):
-    return dict(strides=case[2], dilations=case[3], padding=case[4])
+    return dict(strides=case[2], dilations=case[3], padding=case[4],
+                groups=case[5] if len(case) > 5 else 1)
 
 
 def _close(a, b, k):
@@ -51,7 +58,8 @@ def test_matches_xla_and_is_one_ffi_call(case, isa):
     # every tile code the CPU has (one it lacks runs the best below it): 6- and 12-pixel
     # tiles, one- and two-panel tiles, partial tiles of each
     x, w = _inputs(case, seed=hash(case) % 1000)
-    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc(x, w, case[2], case[3], case[4], isa=isa))
+    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc(x, w, *case[2:5], _params(case)["groups"],
+                                                isa=isa))
     _close(f(x, w), conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
     hlo = f.lower(x, w).compile().as_text()
     if jax.default_backend() == "cpu":
@@ -60,8 +68,8 @@ def test_matches_xla_and_is_one_ffi_call(case, isa):
         assert "jaxops_conv_nhwc" not in hlo
 
 
-def test_vmap_every_pattern_and_vmap_grad():
-    case = CASES[1]
+@pytest.mark.parametrize("case", [CASES[1], CASES[-3]], ids=[IDS[1], IDS[-3]])
+def test_vmap_every_pattern_and_vmap_grad(case):
     xs, ws = zip(*(_inputs(case, seed=s) for s in range(3)))
     xb, wb = jnp.stack(xs), jnp.stack(ws)
     p = _params(case)
@@ -79,15 +87,15 @@ def test_vmap_every_pattern_and_vmap_grad():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", CASES[1:4], ids=IDS[1:4])
+@pytest.mark.parametrize("case", CASES[1:4] + CASES[-1:], ids=IDS[1:4] + IDS[-1:])
 def test_gradients_any_order(case):
     x, w = _inputs(case)
     f = lambda x, w: conv_cpu.conv_nhwc_op(x, w, **_params(case))
     check_grads(f, (x, w), order=2, modes=("fwd", "rev"), eps=1e-2, atol=5e-2, rtol=5e-2)
 
 
-def test_sharded_images_without_gather():
-    case = CASES[1]
+@pytest.mark.parametrize("case", [CASES[1], CASES[-3]], ids=[IDS[1], IDS[-3]])
+def test_sharded_images_without_gather(case):
     mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
     x, w = _inputs(case)
     x = jnp.concatenate([x, x + 1.0])  # 4 images
@@ -98,6 +106,9 @@ def test_sharded_images_without_gather():
     out = f(placed, w)
     assert out.sharding.spec[:1] == ("x",)
     _close(out, conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
+    # output channels sharded: a shard of a grouped convolution's would not hold whole groups
+    w_placed = jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, None, None, "x")))
+    _close(f(x, w_placed), conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
 
 
 @pytest.mark.parametrize("x_shape, w_shape, params, dtype, error, match", [
@@ -105,6 +116,9 @@ def test_sharded_images_without_gather():
     ((2, 8, 8, 16), (3, 3, 16, 24), {}, jnp.int32, TypeError, "float32"),
     ((8, 8, 16), (3, 3, 16, 24), {}, jnp.float32, ValueError, "rank 4"),
     ((2, 8, 8, 16), (3, 3, 15, 24), {}, jnp.float32, ValueError, "input channels"),
+    ((2, 8, 8, 16), (3, 3, 8, 24), {"groups": 4}, jnp.float32, ValueError, "input channels"),
+    ((2, 8, 8, 16), (3, 3, 8, 25), {"groups": 2}, jnp.float32, ValueError, "divide"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"groups": 0}, jnp.float32, ValueError, "groups"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"strides": (0, 1)}, jnp.float32, ValueError, ">= 1"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"padding": ((-1, 0), (0, 0))}, jnp.float32, ValueError,
      ">= 0"),
@@ -124,7 +138,8 @@ def _lowered(platform, x_shape, w_shape, strides, padding, dilations=(1, 1), dty
              channels_last=True):
     x = jax.ShapeDtypeStruct(x_shape, dtype)
     w = jax.ShapeDtypeStruct(w_shape, dtype)
-    f = jax.jit(lambda x, w: conv_general(x, w, strides, padding, dilations, 1, dense=True,
+    group = x_shape[1] // w_shape[1]
+    f = jax.jit(lambda x, w: conv_general(x, w, strides, padding, dilations, group, dense=True,
                                           channels_last=channels_last))
     return f.trace(x, w).lower(lowering_platforms=(platform,)).as_text()
 
@@ -133,7 +148,10 @@ def _lowered(platform, x_shape, w_shape, strides, padding, dilations=(1, 1), dty
     ((2, 3, 32, 32), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, True),     # a 7x7 stem
     ((2, 16, 8, 8), (24, 16, 3, 3), (2, 2), [(1, 1)] * 2, True),
     ((2, 16, 8, 8), (24, 16, 1, 1), (1, 1), [(0, 0)] * 2, False),    # 1x1: a matmul
-    ((2, 3, 32, 32), (16, 3, 3, 3), (2, 2), [(1, 1)] * 2, False),    # C * K <= 32: a gather
+    ((2, 3, 32, 32), (16, 3, 3, 3), (2, 2), [(1, 1)] * 2, True),     # a 3-channel 3x3 stem
+    ((2, 1, 28, 28), (16, 1, 3, 3), (1, 1), [(1, 1)] * 2, False),    # 9 taps: a gather
+    ((2, 16, 16, 16), (16, 8, 3, 3), (2, 2), [(1, 1)] * 2, True),    # groups of 8
+    ((2, 16, 16, 16), (32, 1, 3, 3), (1, 1), [(1, 1)] * 2, False),   # depthwise (x2)
     ((2, 3, 32, 32), (16, 3, 4, 4), (4, 4), [(0, 0)] * 2, False),    # patchify: a reorder
     ((2, 3, 128, 128), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, False),  # 154 MFLOP: XLA's threads
 ])

@@ -13,7 +13,7 @@ constexpr const char* kOp = "conv_nhwc";
 
 ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
                      int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph, int64_t pw,
-                     int64_t isa) {
+                     int64_t groups, int64_t isa) {
   // types first: a registered target is public (jaxops/checks.h)
   constexpr Types kF32 = types_of({DataType::F32});
   for (auto [what, t] : {std::pair{"x", x.element_type()}, std::pair{"w", w.element_type()},
@@ -22,10 +22,11 @@ ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuf
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || wd.size() != 4 || yd.size() != 4)
     return invalid(kOp, "x, w and y must have rank 4 (NHWC, HWIO, NHWC)");
-  if (wd[2] != xd[3] || yd[0] != xd[0] || yd[3] != wd[3])
-    return invalid(kOp, "x [N, H, W, C], w [KH, KW, C, O] and y [N, OH, OW, O] do not agree");
+  if (groups < 1 || groups > xd[3] || wd[2] * groups != xd[3] || yd[0] != xd[0] || yd[3] != wd[3])
+    return invalid(kOp, "x [N, H, W, C], w [KH, KW, C / groups, O] and y [N, OH, OW, O] do "
+                        "not agree");
   const Geometry g{xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[3], yd[1], yd[2],
-                   sh,    sw,    dh,    dw,    ph,    pw};
+                   sh,    sw,    dh,    dw,    ph,    pw,    groups};
   if (auto err = check(g); !err.empty()) return invalid(kOp, err);
   if (isa < 0 || isa > int64_t(Isa::kAvx512))
     return invalid(kOp, "isa must be 0 (the best the CPU has), 1 (generic), 2 (AVX2), 3 (AVX-512)");
@@ -48,6 +49,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvNhwcCpu, conv_nhwc,
                                   .Attr<int64_t>("dw")
                                   .Attr<int64_t>("ph")
                                   .Attr<int64_t>("pw")
+                                  .Attr<int64_t>("groups")
                                   .Attr<int64_t>("isa"));
 
 void register_handlers(Registry& r) { r.add("jaxops_conv_nhwc", ConvNhwcCpu); }

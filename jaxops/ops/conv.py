@@ -505,7 +505,7 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
             # (a forward-only export trained) keeps its gradients' formulation and numerics
             return conv_cpu.with_derivatives_of(
                 before_kernel, lambda x, w: conv_cpu.conv_nchw(x, w, strides, dilations,
-                                                               cpu_padding))(x, w)
+                                                               cpu_padding, group))(x, w)
         return before_kernel(x, w)
     # the platform is chosen when lowering: the compiler never sees a conditional
     return lax.platform_dependent(x, w, cpu=cpu, default=xla)

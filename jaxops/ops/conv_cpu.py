@@ -1,5 +1,5 @@
 """The CPU kernel of small inference convolutions (ffi/include/jaxops/conv.h): x [N, H, W, C] by w
-[KH, KW, C, O], group 1, f32, one FFI call.
+[KH, KW, C / groups, O], f32, one FFI call.
 
 conv_general takes it for the channels-last convolutions of an inference forward on the CPU (the
 importer's Conv where no ConvGrad follows: `program.jit()`, the ORT-API Module's eval): XLA:CPU
@@ -30,14 +30,16 @@ def _out(x, w, strides, dilations, padding):
                                                     dilations, padding))
 
 
-def _shape(x, w, *, strides, dilations, padding, isa=0):
+def _shape(x, w, *, strides, dilations, padding, groups=1, isa=0):
     if x.dtype != jnp.float32 or w.dtype != jnp.float32:
         raise TypeError(f"x and w must be float32, got {x.dtype} and {w.dtype}")
     if x.ndim != 4 or w.ndim != 4:
         raise ValueError(f"x [N, H, W, C] and w [KH, KW, C, O] must have rank 4, got shapes "
                          f"{x.shape} and {w.shape}")
-    if w.shape[2] != x.shape[3]:
-        raise ValueError(f"w's input channels {w.shape[2]} != x's {x.shape[3]}")
+    if not isinstance(groups, int) or groups < 1 or w.shape[2] * groups != x.shape[3] \
+            or w.shape[3] % groups:
+        raise ValueError(f"w's input channels {w.shape[2]} x groups {groups} must be x's "
+                         f"{x.shape[3]}, and groups must divide its outputs {w.shape[3]}")
     if isa not in ISAS:
         raise ValueError(f"isa must be one of {list(ISAS)}, got {isa!r}")
     if min(*strides, *dilations) < 1 or min(p for pair in padding for p in pair) < 0:
@@ -50,9 +52,10 @@ def _shape(x, w, *, strides, dilations, padding, isa=0):
     return jax.ShapeDtypeStruct((x.shape[0], *out, w.shape[3]), jnp.float32)
 
 
-def _reference(x, w, *, strides, dilations, padding, isa=0):
+def _reference(x, w, *, strides, dilations, padding, groups=1, isa=0):
     return lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
-                                    dimension_numbers=_DIMS, precision=lax.Precision.HIGHEST)
+                                    dimension_numbers=_DIMS, feature_group_count=groups,
+                                    precision=lax.Precision.HIGHEST)
 
 
 def _batch(op, args, dims, **params):
@@ -69,16 +72,22 @@ def _batch(op, args, dims, **params):
     return lax.map(lambda xw: op.bind(*xw, **params), (x, w)), 0
 
 
-def _ffi_attrs(x, w, *, strides, dilations, padding, isa=0):
+def _ffi_attrs(x, w, *, strides, dilations, padding, groups=1, isa=0):
     (sh, sw), (dh, dw), ((ph, _), (pw, _)) = strides, dilations, padding
-    return {name: np.int64(v) for name, v in zip(("sh", "sw", "dh", "dw", "ph", "pw", "isa"),
-                                                (sh, sw, dh, dw, ph, pw, ISAS[isa]))}
+    return {name: np.int64(v) for name, v in zip(
+        ("sh", "sw", "dh", "dw", "ph", "pw", "groups", "isa"),
+        (sh, sw, dh, dw, ph, pw, groups, ISAS[isa]))}
 
 
-def _factors(x, w, **params):
-    # images and output channels shard; the window and the summed channels stay whole
-    return Factors((("n", "h", "w", "c"), ("kh", "kw", "c", "o")), (("n", "oh", "ow", "o"),),
-                   ("h", "w", "c", "kh", "kw", "oh", "ow"))
+def _factors(x, w, *, groups=1, **params):
+    # images and output channels shard; the window and the summed channels stay whole, and
+    # so do grouped outputs (a shard of them would not hold whole groups' worth)
+    # (the replicated factors in the order they first appear: Shardy wants them sorted)
+    if groups == 1:
+        return Factors((("n", "h", "w", "c"), ("kh", "kw", "c", "o")), (("n", "oh", "ow", "o"),),
+                       ("h", "w", "c", "kh", "kw", "oh", "ow"))
+    return Factors((("n", "h", "w", "c"), ("kh", "kw", "cg", "o")), (("n", "oh", "ow", "o"),),
+                   ("h", "w", "c", "kh", "kw", "cg", "o", "oh", "ow"))
 
 
 conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
@@ -86,12 +95,13 @@ conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
                   xla_when=lambda platform, *args, **params: platform != "cpu")
 
 
-def conv_nhwc(x, w, strides, dilations, padding, isa=0):
-    """y [N, OH, OW, O] = x [N, H, W, C] (*) w [KH, KW, C, O], f32, padding ((lo, hi), (lo, hi))
-    with every pad >= 0. `isa` picks the kernel's tile code (ISAS; 0: the best the CPU has,
-    a higher one than it has falls back to the best below): the tests run every path."""
+def conv_nhwc(x, w, strides, dilations, padding, groups=1, isa=0):
+    """y [N, OH, OW, O] = x [N, H, W, C] (*) w [KH, KW, C / groups, O], f32, padding
+    ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads the input channels of
+    group j // (O / groups)). `isa` picks the kernel's tile code (ISAS; 0: the best the CPU
+    has, a higher one than it has falls back to the best below): the tests run every path."""
     return conv_nhwc_op(x, w, strides=tuple(strides), dilations=tuple(dilations),
-                        padding=tuple(map(tuple, padding)), isa=isa)
+                        padding=tuple(map(tuple, padding)), groups=int(groups), isa=isa)
 
 
 # The largest convolution the kernel takes (FLOPs): it runs on the calling thread, and above
@@ -103,16 +113,20 @@ MAX_FLOPS = 1 << 24
 
 def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> bool:
     """Whether conv_general's channels-last CPU path takes the kernel for x [N, C, H, W] and
-    w [O, C, KH, KW] (ONNX layouts): group 1, 2-D, f32 or narrower floats (computed in f32),
-    pads >= 0, no input dilation, at most MAX_FLOPS; not where a matmul of x as it lies or
-    of few gathered values does better (1x1, a few-channel stem: C * KH * KW <= 32,
-    non-overlapping windows). DeepLabV3's forward (a 3-channel 7x7 stem and 3x3s on 4x4 and
-    8x8 maps) ran 0.81-0.87x the time with it, one core (2026-11-25, interleaved A/B); with
-    the 1x1s too, MobileNetV3's ran ~1.13x."""
+    w [O, C / group, KH, KW] (ONNX layouts): 2-D, f32 or narrower floats (computed in f32),
+    pads >= 0, no input dilation, at most MAX_FLOPS, group 1 or groups of >= 4 output
+    channels, patch rows of > 16 values; not where a matmul of x as it lies does better (1x1,
+    non-overlapping windows).
+    DeepLabV3's forward (a 3-channel 7x7 stem and 3x3s on 4x4 and 8x8 maps) ran 0.81-0.87x the
+    time with it, one core (2026-11-25, interleaved A/B); with the 1x1s too, MobileNetV3's ran
+    ~1.13x. Grouped ones (windowed_conv's im2col per group before): RegNetX-002's 0.33-0.56x
+    the time, ResNeXt-like 4-channel groups 0.22-0.60x, the corpus's RegNet 0.69-0.78x; a
+    3-channel 3x3 stem 0.82-0.84x, a 1-channel 5x5 0.89x, but a 1-channel 3x3 1.28x the time
+    of its gather and matmul (one core, 2026-11-28)."""
     kernel = tuple(w_shape[2:])
-    if not (group == 1 and x.ndim == 4 and len(w_shape) == 4
+    if not ((group == 1 or w_shape[0] // group >= 4) and x.ndim == 4 and len(w_shape) == 4
             and x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16)
-            and kernel != (1, 1) and x.shape[1] * kernel[0] * kernel[1] > 32
+            and kernel != (1, 1) and x.shape[1] // group * math.prod(kernel) > 16
             and not (tuple(strides) == kernel and all(d == 1 for d in dilations)
                      and all(p == (0, 0) for p in padding))
             and min(p for pair in padding for p in pair) >= 0
@@ -120,17 +134,18 @@ def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> boo
         return False
     out = [(size + lo + hi - (k - 1) * d - 1) // s + 1 for size, k, s, d, (lo, hi)
            in zip(x.shape[2:], kernel, strides, dilations, padding)]
-    flops = 2 * x.shape[0] * math.prod(out) * w_shape[0] * x.shape[1] * math.prod(kernel)
+    flops = 2 * x.shape[0] * math.prod(out) * w_shape[0] * (x.shape[1] // group) \
+        * math.prod(kernel)
     return flops <= MAX_FLOPS
 
 
-def conv_nchw(x, w, strides, dilations, padding):
-    """The kernel in ONNX layouts: x [N, C, H, W], w [O, C, KH, KW] -> [N, O, OH, OW] in x's
-    dtype (f16/bf16 computed in f32, rounded once)."""
+def conv_nchw(x, w, strides, dilations, padding, groups=1):
+    """The kernel in ONNX layouts: x [N, C, H, W], w [O, C / groups, KH, KW] -> [N, O, OH, OW]
+    in x's dtype (f16/bf16 computed in f32, rounded once)."""
     dtype = x.dtype
     xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
     wt = jnp.transpose(w.astype(jnp.float32), (2, 3, 1, 0))
-    y = conv_nhwc(xt, wt, strides, dilations, padding)
+    y = conv_nhwc(xt, wt, strides, dilations, padding, groups)
     return jnp.transpose(y, (0, 3, 1, 2)).astype(dtype)
 
 

@@ -1,5 +1,6 @@
-// A CPU convolution for small inference convolutions: x [N, H, W, C] (NHWC) by w [KH, KW, C, O]
-// (HWIO), group 1, f32, into y [N, OH, OW, O]. XLA:CPU's own convolution and windowed_conv's
+// A CPU convolution for small inference convolutions: x [N, H, W, C] (NHWC) by w
+// [KH, KW, C / G, O] (HWIO, G groups: output channel j reads input channels of group
+// j / (O / G)), f32, into y [N, OH, OW, O]. XLA:CPU's own convolution and windowed_conv's
 // im2col + matmul run such convolutions in several thunks at well below the core's FMA peak
 // (DeepLabV3's 3-channel 7x7 stem ~60% of it); this is one pass that packs a block of MR
 // output pixels' patch rows (kernel rows are contiguous runs in NHWC) and multiplies them
@@ -26,7 +27,11 @@ struct Geometry {
   int64_t oh, ow;                  // y: [n, oh, ow, o]
   int64_t sh, sw, dh, dw, ph, pw;  // strides, dilations, begin pads (the end pads are
                                    // implied by oh, ow: a tap outside x reads zero)
-  int64_t k() const { return kh * kw * c; }
+  int64_t groups = 1;
+  int64_t cg() const { return c / groups; }  // input channels of a group
+  int64_t og() const { return o / groups; }  // output channels of a group
+  int64_t k() const { return kh * kw * cg(); }  // what one output sums
+  int64_t patch() const { return kh * kw * c; }  // a patch row: the taps of every group
 };
 
 constexpr int kCols = 16;     // a weight panel's output channels (one AVX-512 register)
@@ -42,32 +47,46 @@ enum class Isa : int64_t { kBest = 0, kGeneric = 1, kAvx2 = 2, kAvx512 = 3 };
 inline std::string check(const Geometry& g) {
   if (g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1) return "strides and dilations must be >= 1";
   if (g.ph < 0 || g.pw < 0) return "pads must be >= 0";
+  if (g.groups < 1 || g.c % g.groups || g.o % g.groups)
+    return "groups must be >= 1 and divide the input and output channels";
   return {};
 }
 
-// The weights [K, O] as panels [ceil(O / 16)][K][16], the last zero-padded.
-inline void pack_weights(const Geometry& g, const float* w, float* panels) {
-  const int64_t k = g.k(), count = (g.o + kCols - 1) / kCols;
-  for (int64_t p = 0; p < count; ++p)
-    for (int64_t i = 0; i < k; ++i)
-      for (int j = 0; j < kCols; ++j) {
-        const int64_t oc = p * kCols + j;
-        panels[(p * k + i) * kCols + j] = oc < g.o ? w[i * g.o + oc] : 0.f;
-      }
-}
-
-// A short run of floats: a loop (memcpy's call and size dispatch cost more at these sizes).
+// A run of floats: memcpy for long ones, a loop for short ones (memcpy's call and size
+// dispatch cost more there). The loop stays one where conv.cc is built with
+// -fno-tree-loop-distribute-patterns: GCC otherwise made it a memcpy call or `rep movsq`
+// (DeepLabV3's 3x3 stems 10.1 -> 6.6 us, one AVX-512 core).
 inline void copy_run(float* __restrict dst, const float* __restrict src, int64_t n) {
+  if (n >= 64) {
+    std::memcpy(dst, src, sizeof(float) * n);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
 }
 
-// The patch rows [tile_rows][K] of output pixels m0 .. m0 + rows - 1 (rows past the end
-// repeat m0); taps outside x are zero.
+// Weight panels a group (16 output channels each, the last zero-padded).
+inline int64_t panels_of(const Geometry& g) { return (g.og() + kCols - 1) / kCols; }
+
+// The weights [K, O] as panels [G][panels_of(g)][K][16].
+inline void pack_weights(const Geometry& g, const float* w, float* panels) {
+  const int64_t k = g.k(), count = panels_of(g);
+  for (int64_t gi = 0; gi < g.groups; ++gi)
+    for (int64_t p = 0; p < count; ++p) {
+      const int64_t col = gi * g.og() + p * kCols, width = std::min<int64_t>(kCols, g.og() - p * kCols);
+      for (int64_t i = 0; i < k; ++i, panels += kCols) {
+        copy_run(panels, w + i * g.o + col, width);
+        for (int64_t j = width; j < kCols; ++j) panels[j] = 0.f;
+      }
+    }
+}
+
+// The patch rows [tile_rows][KH * KW * C] of output pixels m0 .. m0 + rows - 1 (rows past the
+// end repeat m0); taps outside x are zero.
 inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
                          float* a) {
   const int64_t run = g.kw * g.c;
   for (int r = 0; r < tile_rows; ++r) {
-    float* row = a + r * g.k();
+    float* row = a + r * g.patch();
     const int64_t m = m0 + (r < rows ? r : 0);
     const int64_t ox = m % g.ow, t = m / g.ow, oy = t % g.oh, b = t / g.oh;
     const int64_t iy0 = oy * g.sh - g.ph, ix0 = ox * g.sw - g.pw;
@@ -113,7 +132,7 @@ inline void pack_inside(const Geometry& g, const float* x, int64_t m0, int rows,
     const int64_t m = m0 + (r < rows ? r : 0);
     const int64_t ox = m % g.ow, t = m / g.ow, oy = t % g.oh, b = t / g.oh;
     const float* p = x + ((b * g.h + oy * g.sh) * g.w + ox * g.sw) * g.c;
-    float* row = a + r * g.k();
+    float* row = a + r * g.patch();
     for (int64_t ky = 0; ky < g.kh; ++ky, row += run, p += line) copy_run(row, p, run);
   }
 }
@@ -124,44 +143,54 @@ inline void store_tile(const float* acc, int rows, int64_t cols, int64_t o, floa
   for (int r = 0; r < rows; ++r) copy_run(y + r * o, acc + r * kMaxCols, cols);
 }
 
+// Where a tile reads one group's patch rows: row r's value i of tap t is
+// a[r * row + t * tap + i] for t < taps, i < cg (one group: a single tap of all K values).
+struct Patches {
+  const float* a;
+  int64_t row, taps, tap, cg;
+};
+
 // A tile: acc[r][j] = sum_i a[r][i] * panels[i][j] for the tiling's rows and the columns of
 // its `panels` adjacent weight panels (each K x 16, the next one k * 16 floats on).
-using TileFn = void (*)(int64_t k, const float* a, const float* panel, float* acc);
+using TileFn = void (*)(const Patches& s, int64_t k, const float* panel, float* acc);
 
 // The tile in plain C++: any CPU; 6 rows, one panel.
-inline void tile_generic(int64_t k, const float* a, const float* panel, float* acc) {
+inline void tile_generic(const Patches& s, int64_t, const float* panel, float* acc) {
   float c[6][kCols] = {};
-  for (int64_t i = 0; i < k; ++i, panel += kCols)
-    for (int r = 0; r < 6; ++r) {
-      const float v = a[r * k + i];
-      for (int j = 0; j < kCols; ++j) c[r][j] += v * panel[j];
-    }
+  for (int64_t t = 0; t < s.taps; ++t)
+    for (int64_t i = 0; i < s.cg; ++i, panel += kCols)
+      for (int r = 0; r < 6; ++r) {
+        const float v = s.a[r * s.row + t * s.tap + i];
+        for (int j = 0; j < kCols; ++j) c[r][j] += v * panel[j];
+      }
   for (int r = 0; r < 6; ++r) std::memcpy(acc + r * kMaxCols, c[r], sizeof c[r]);
 }
 
 #ifdef JAXOPS_CONV_X86
 // AVX2 + FMA: 6 rows, one panel; 12 accumulators, two weight loads and six broadcasts a step.
 // Written out: as arrays of registers in loops GCC 12 ran it at half the speed.
-__attribute__((target("avx2,fma"))) inline void tile_avx2(int64_t k, const float* a,
+__attribute__((target("avx2,fma"))) inline void tile_avx2(const Patches& s, int64_t,
                                                           const float* panel, float* acc) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  const float *a0 = a, *a1 = a + k, *a2 = a + 2 * k, *a3 = a + 3 * k, *a4 = a + 4 * k,
-              *a5 = a + 5 * k;
-  for (int64_t i = 0; i < k; ++i, panel += kCols) {
-    const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8);
-    __m256 v = _mm256_broadcast_ss(a0 + i);
-    c00 = _mm256_fmadd_ps(v, b0, c00), c01 = _mm256_fmadd_ps(v, b1, c01);
-    v = _mm256_broadcast_ss(a1 + i);
-    c10 = _mm256_fmadd_ps(v, b0, c10), c11 = _mm256_fmadd_ps(v, b1, c11);
-    v = _mm256_broadcast_ss(a2 + i);
-    c20 = _mm256_fmadd_ps(v, b0, c20), c21 = _mm256_fmadd_ps(v, b1, c21);
-    v = _mm256_broadcast_ss(a3 + i);
-    c30 = _mm256_fmadd_ps(v, b0, c30), c31 = _mm256_fmadd_ps(v, b1, c31);
-    v = _mm256_broadcast_ss(a4 + i);
-    c40 = _mm256_fmadd_ps(v, b0, c40), c41 = _mm256_fmadd_ps(v, b1, c41);
-    v = _mm256_broadcast_ss(a5 + i);
-    c50 = _mm256_fmadd_ps(v, b0, c50), c51 = _mm256_fmadd_ps(v, b1, c51);
+  for (int64_t t = 0; t < s.taps; ++t) {
+    const float *a0 = s.a + t * s.tap, *a1 = a0 + s.row, *a2 = a1 + s.row, *a3 = a2 + s.row,
+                *a4 = a3 + s.row, *a5 = a4 + s.row;
+    for (int64_t i = 0; i < s.cg; ++i, panel += kCols) {
+      const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8);
+      __m256 v = _mm256_broadcast_ss(a0 + i);
+      c00 = _mm256_fmadd_ps(v, b0, c00), c01 = _mm256_fmadd_ps(v, b1, c01);
+      v = _mm256_broadcast_ss(a1 + i);
+      c10 = _mm256_fmadd_ps(v, b0, c10), c11 = _mm256_fmadd_ps(v, b1, c11);
+      v = _mm256_broadcast_ss(a2 + i);
+      c20 = _mm256_fmadd_ps(v, b0, c20), c21 = _mm256_fmadd_ps(v, b1, c21);
+      v = _mm256_broadcast_ss(a3 + i);
+      c30 = _mm256_fmadd_ps(v, b0, c30), c31 = _mm256_fmadd_ps(v, b1, c31);
+      v = _mm256_broadcast_ss(a4 + i);
+      c40 = _mm256_fmadd_ps(v, b0, c40), c41 = _mm256_fmadd_ps(v, b1, c41);
+      v = _mm256_broadcast_ss(a5 + i);
+      c50 = _mm256_fmadd_ps(v, b0, c50), c51 = _mm256_fmadd_ps(v, b1, c51);
+    }
   }
   const __m256 all[] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
   for (int i = 0; i < 12; ++i) _mm256_storeu_ps(acc + (i / 2) * kMaxCols + (i % 2) * 8, all[i]);
@@ -171,18 +200,21 @@ __attribute__((target("avx2,fma"))) inline void tile_avx2(int64_t k, const float
 // a step. Two panels run at ~2x the AVX2 tile's FLOP rate on a core with 512-bit FMA units
 // (259 against 127 GFLOP/s at K = 147, one core of the dev VM's AMD EPYC, 2026-11-27).
 template <int P>
-__attribute__((target("avx512f"))) inline void tile_avx512(int64_t k, const float* a,
+__attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int64_t k,
                                                            const float* panel, float* acc) {
   __m512 c[12][P];
   for (auto& row : c)
     for (auto& v : row) v = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; ++i, panel += kCols) {
-    __m512 b[P];
-    for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(panel + p * k * kCols);
+  for (int64_t t = 0; t < s.taps; ++t) {
+    const float* a = s.a + t * s.tap;
+    for (int64_t i = 0; i < s.cg; ++i, panel += kCols) {
+      __m512 b[P];
+      for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(panel + p * k * kCols);
 #pragma GCC unroll 12
-    for (int r = 0; r < 12; ++r) {
-      const __m512 v = _mm512_set1_ps(a[r * k + i]);
-      for (int p = 0; p < P; ++p) c[r][p] = _mm512_fmadd_ps(v, b[p], c[r][p]);
+      for (int r = 0; r < 12; ++r) {
+        const __m512 v = _mm512_set1_ps(a[r * s.row + i]);
+        for (int p = 0; p < P; ++p) c[r][p] = _mm512_fmadd_ps(v, b[p], c[r][p]);
+      }
     }
   }
   for (int r = 0; r < 12; ++r)
@@ -219,7 +251,7 @@ inline double padded_w(const Geometry& g) {
 }
 inline bool copy_pays(const Geometry& g) {
   return double(g.n) * padded_h(g) * padded_w(g) * double(g.c) <=
-         double(g.n) * double(g.oh) * double(g.ow) * double(g.k());
+         double(g.n) * double(g.oh) * double(g.ow) * double(g.kh) * double(g.kw) * double(g.c);
 }
 
 // x copied into a zero border wide enough for every tap of g (its pads and the end overhang
@@ -231,37 +263,63 @@ inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& co
   p.ph = p.pw = 0;
   p.h = int64_t(padded_h(g));  // exact: copy_pays bounded them by the patch rows' size
   p.w = int64_t(padded_w(g));
-  copy.assign(p.n * p.h * p.w * p.c, 0.f);
+  const int64_t line = p.w * p.c, left = g.pw * g.c, inner = g.w * g.c;
+  copy.resize(p.n * p.h * line);
+  float* out = copy.data();
   for (int64_t b = 0; b < g.n; ++b)
-    for (int64_t y = 0; y < g.h; ++y)
-      std::memcpy(&copy[((b * p.h + y + g.ph) * p.w + g.pw) * p.c], x + (b * g.h + y) * g.w * g.c,
-                  sizeof(float) * g.w * g.c);
+    for (int64_t y = 0; y < p.h; ++y, out += line) {  // only the border is zeroed
+      const int64_t iy = y - g.ph;
+      if (iy < 0 || iy >= g.h) {
+        std::fill(out, out + line, 0.f);
+        continue;
+      }
+      std::fill(out, out + left, 0.f);
+      std::memcpy(out + left, x + (b * g.h + iy) * inner, sizeof(float) * inner);
+      std::fill(out + left + inner, out + line, 0.f);
+    }
   return p;
 }
 
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
                      Isa isa = Isa::kBest) {
-  std::vector<float> copy;
+  // the scratch of this thread's last call, kept: allocating and zeroing it every call cost
+  // ~1 us of DeepLabV3's 3x3s (every element is written before it is read) ...
+  thread_local std::vector<float> copy, panels, a;
+  struct Trim {  // ... unless large: a thread keeps at most 1 MiB of it between calls
+    ~Trim() {
+      for (auto* v : {&copy, &panels, &a})
+        if (v->capacity() > (size_t(1) << 18)) std::vector<float>().swap(*v);
+    }
+  } trim;
   // Not for dilated kernel rows (copied tap by tap anyway: there the copy only costs), nor
   // where the copy would outgrow the patch rows (copy_pays).
   const bool pad = geometry.dw == 1 && (geometry.ph || geometry.pw) && copy_pays(geometry);
   const Geometry g = pad ? padded(geometry, x, copy) : geometry;
-  if (!copy.empty()) x = copy.data();
+  if (pad) x = copy.data();
   const Tiling t = tiling(isa);
-  const int64_t k = g.k(), count = (g.o + kCols - 1) / kCols, m = g.n * g.oh * g.ow;
-  std::vector<float> panels(count * k * kCols), a(t.rows * k);
+  const int64_t k = g.k(), count = panels_of(g), m = g.n * g.oh * g.ow;
+  if (panels.size() < size_t(g.groups * count * k * kCols))
+    panels.resize(g.groups * count * k * kCols);
+  if (a.size() < size_t(t.rows * g.patch())) a.resize(t.rows * g.patch());
   alignas(64) float acc[kMaxRows * kMaxCols];
   pack_weights(g, w, panels.data());
   const auto pack = inside(g) ? pack_inside : pack_patches;
   for (int64_t m0 = 0; m0 < m; m0 += t.rows) {
     const int rows = int(m - m0 < t.rows ? m - m0 : t.rows);
     pack(g, x, m0, rows, t.rows, a.data());
-    for (int64_t p = 0; p < count; p += t.panels) {
-      const bool full = p + t.panels <= count;
-      (full ? t.full : t.one)(k, a.data(), panels.data() + p * k * kCols, acc);
-      const int64_t left = g.o - p * kCols, width = full ? t.panels * kCols : kCols;
-      store_tile(acc, rows, left < width ? left : width, g.o, y + m0 * g.o + p * kCols);
+    for (int64_t gi = 0; gi < g.groups; ++gi) {
+      // one group: its K values as one run; else KH * KW runs of C / G, C apart
+      const Patches s = g.groups == 1 ? Patches{a.data(), k, 1, 0, k}
+                                      : Patches{a.data() + gi * g.cg(), g.patch(), g.kh * g.kw,
+                                                g.c, g.cg()};
+      for (int64_t p = 0; p < count; p += t.panels) {
+        const bool full = p + t.panels <= count;
+        (full ? t.full : t.one)(s, k, panels.data() + (gi * count + p) * k * kCols, acc);
+        const int64_t left = g.og() - p * kCols, width = full ? t.panels * kCols : kCols;
+        store_tile(acc, rows, left < width ? left : width, g.o,
+                   y + m0 * g.o + gi * g.og() + p * kCols);
+      }
     }
   }
 }

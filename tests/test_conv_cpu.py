@@ -1,7 +1,8 @@
 """The CPU convolution kernel (jaxops/ops/conv_cpu.py, ffi/include/jaxops/conv.h): XLA's values on
 fresh inputs at shapes that leave partial tiles (pixels not a multiple of 6 or 12, channels not
 of 16 or 32) with every tile code the CPU has, strides, dilations and pads that reach past the
-input, groups; jit, vmap, gradients of any order (the reference's), sharding by images, clear
+input, groups, the epilogue (a folded BatchNormalization's scale and shift, a Relu's or Clip's
+bounds; NaN kept); jit, vmap, gradients of any order (the reference's), sharding by images, clear
 errors;
 and conv_general takes it only where it is chosen (the channels-last CPU path of an inference
 forward)."""
@@ -47,6 +48,22 @@ def _params(case):
                 groups=case[5] if len(case) > 5 else 1)
 
 
+def _kernel(case, **epilogue):
+    """f(x, w[, scale, shift]): the kernel at case's geometry."""
+    return lambda x, w, *affine: conv_cpu.conv_nhwc(x, w, *case[2:5], _params(case)["groups"],
+                                                   *affine, **epilogue)
+
+
+def _ref(case, lo=-np.inf, hi=np.inf):
+    """The reference of _kernel(case, lo=lo, hi=hi)."""
+    def f(x, w, *affine):
+        o = w.shape[-1]
+        scale, shift = affine or (jnp.ones(o, jnp.float32), jnp.zeros(o, jnp.float32))
+        return conv_cpu._reference(x, w, scale, shift, **_params(case), affine=bool(affine),
+                                   lo=lo, hi=hi)
+    return f
+
+
 def _close(a, b, k):
     # f32 sums of k products of O(1) terms, in another order than XLA's at worst
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=8 * k ** 0.5 * 1.2e-7 * 4)
@@ -58,9 +75,8 @@ def test_matches_xla_and_is_one_ffi_call(case, isa):
     # every tile code the CPU has (one it lacks runs the best below it): 6- and 12-pixel
     # tiles, one- and two-panel tiles, partial tiles of each
     x, w = _inputs(case, seed=hash(case) % 1000)
-    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc(x, w, *case[2:5], _params(case)["groups"],
-                                                isa=isa))
-    _close(f(x, w), conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
+    f = jax.jit(_kernel(case, isa=isa))
+    _close(f(x, w), _ref(case)(x, w), np.prod(case[1][:3]))
     hlo = f.lower(x, w).compile().as_text()
     if jax.default_backend() == "cpu":
         assert hlo.count("jaxops_conv_nhwc") >= 1 and "convolution(" not in hlo
@@ -72,9 +88,7 @@ def test_matches_xla_and_is_one_ffi_call(case, isa):
 def test_vmap_every_pattern_and_vmap_grad(case):
     xs, ws = zip(*(_inputs(case, seed=s) for s in range(3)))
     xb, wb = jnp.stack(xs), jnp.stack(ws)
-    p = _params(case)
-    ref = lambda x, w: conv_cpu._reference(x, w, **p)
-    f = lambda x, w: conv_cpu.conv_nhwc_op(x, w, **p)
+    ref, f = _ref(case), _kernel(case)
     k = np.prod(case[1][:3])
     _close(jax.vmap(f)(xb, wb), jax.vmap(ref)(xb, wb), k)
     _close(jax.vmap(f, (0, None))(xb, ws[0]), jax.vmap(ref, (0, None))(xb, ws[0]), k)
@@ -82,7 +96,7 @@ def test_vmap_every_pattern_and_vmap_grad(case):
     _close(jax.vmap(f, (3, 4))(jnp.moveaxis(xb, 0, 3), jnp.moveaxis(wb, 0, 4)),
            jax.vmap(ref)(xb, wb), k)
     g = jax.vmap(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), (0, 1)))
-    gr = jax.vmap(jax.grad(lambda x, w: jnp.sum(jnp.sin(conv_cpu._reference(x, w, **p))), (0, 1)))
+    gr = jax.vmap(jax.grad(lambda x, w: jnp.sum(jnp.sin(ref(x, w))), (0, 1)))
     for a, b in zip(g(xb, wb), gr(xb, wb)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
 
@@ -90,8 +104,8 @@ def test_vmap_every_pattern_and_vmap_grad(case):
 @pytest.mark.parametrize("case", CASES[1:4] + CASES[-1:], ids=IDS[1:4] + IDS[-1:])
 def test_gradients_any_order(case):
     x, w = _inputs(case)
-    f = lambda x, w: conv_cpu.conv_nhwc_op(x, w, **_params(case))
-    check_grads(f, (x, w), order=2, modes=("fwd", "rev"), eps=1e-2, atol=5e-2, rtol=5e-2)
+    check_grads(_kernel(case), (x, w), order=2, modes=("fwd", "rev"), eps=1e-2, atol=5e-2,
+                rtol=5e-2)
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[-3]], ids=[IDS[1], IDS[-3]])
@@ -100,15 +114,15 @@ def test_sharded_images_without_gather(case):
     x, w = _inputs(case)
     x = jnp.concatenate([x, x + 1.0])  # 4 images
     placed = jax.device_put(x, NamedSharding(mesh, PartitionSpec("x")))
-    f = jax.jit(lambda x, w: conv_cpu.conv_nhwc_op(x, w, **_params(case)))
+    f = jax.jit(_kernel(case))
     hlo = f.lower(placed, w).compile().as_text()
     assert "all-gather" not in hlo and "all-to-all" not in hlo and "jaxops_conv_nhwc" in hlo
     out = f(placed, w)
     assert out.sharding.spec[:1] == ("x",)
-    _close(out, conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
+    _close(out, _ref(case)(x, w), np.prod(case[1][:3]))
     # output channels sharded: a shard of a grouped convolution's would not hold whole groups
     w_placed = jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, None, None, "x")))
-    _close(f(x, w_placed), conv_cpu._reference(x, w, **_params(case)), np.prod(case[1][:3]))
+    _close(f(x, w_placed), _ref(case)(x, w), np.prod(case[1][:3]))
 
 
 @pytest.mark.parametrize("x_shape, w_shape, params, dtype, error, match", [
@@ -125,13 +139,61 @@ def test_sharded_images_without_gather(case):
     ((2, 2, 2, 16), (3, 3, 16, 24), {"padding": ((0, 0), (0, 0))}, jnp.float32, ValueError,
      "larger than"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"isa": "sse"}, jnp.float32, ValueError, "isa"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(23, jnp.float32), "shift": jnp.ones(23, jnp.float32)},
+     jnp.float32, ValueError, r"\[O\]"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(24, jnp.float32)}, jnp.float32, ValueError,
+     "together"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(24, jnp.int32),
+                                     "shift": jnp.ones(24, jnp.float32)}, jnp.float32, TypeError, "float32"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"lo": 1.0, "hi": 0.0}, jnp.float32, ValueError, "lo <= hi"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"lo": np.nan}, jnp.float32, ValueError, "lo <= hi"),
 ])
 def test_bad_input_is_a_clear_error(x_shape, w_shape, params, dtype, error, match):
     p = {"strides": (1, 1), "dilations": (1, 1), "padding": ((1, 1), (1, 1)), **params}
     x, w = jnp.zeros(x_shape, dtype), jnp.zeros(w_shape, dtype)
     with pytest.raises(error, match=match) as e:
-        conv_cpu.conv_nhwc_op(x, w, **p)
+        conv_cpu.conv_nhwc(x, w, **p)
     assert "conv_nhwc" in str(e.value)
+
+
+@pytest.mark.parametrize("isa", ["best", "generic", "avx2", "avx512"])
+@pytest.mark.parametrize("bounds", [(-np.inf, np.inf), (0.0, np.inf), (0.0, 6.0), (-0.5, 0.25)],
+                         ids=["affine", "relu", "relu6", "clip"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[-2]],
+                         ids=[IDS[0], IDS[3], IDS[-2]])
+def test_epilogue_matches_the_reference_nan_included(case, bounds, isa):
+    # a folded BatchNormalization's per-channel scale and shift, then the clamp, in the
+    # tile's store (one- and two-panel tiles, partial columns); a NaN input stays NaN
+    x, w = _inputs(case, seed=7)
+    x = x.at[0, 1, 1, 0].set(jnp.nan)
+    rng = np.random.default_rng(8)
+    o = case[1][3]
+    scale, shift = (jnp.asarray(rng.standard_normal(o), jnp.float32) for _ in range(2))
+    lo, hi = bounds
+    out = jax.jit(_kernel(case, lo=lo, hi=hi, isa=isa))(x, w, scale, shift)
+    ref = _ref(case, lo, hi)(x, w, scale, shift)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.isnan(out).any()
+    finite = ~np.isnan(np.asarray(ref))
+    np.testing.assert_allclose(np.asarray(out)[finite], np.asarray(ref)[finite], rtol=0,
+                               atol=8 * np.prod(case[1][:3]) ** 0.5 * 1.2e-7 * 4 * 3)
+    assert float(jnp.nanmin(out)) >= lo and float(jnp.nanmax(out)) <= hi
+
+
+def test_epilogue_vmap_and_gradients():
+    case = CASES[1]
+    rng = np.random.default_rng(9)
+    x, w = _inputs(case)
+    scales = jnp.asarray(rng.standard_normal((3, case[1][3])), jnp.float32)
+    shifts = jnp.asarray(rng.standard_normal((3, case[1][3])), jnp.float32)
+    f, ref = _kernel(case, lo=0.0), _ref(case, lo=0.0)
+    k = np.prod(case[1][:3])
+    # the affine operands batched, x and w not
+    _close(jax.vmap(f, (None, None, 0, 0))(x, w, scales, shifts),
+           jax.vmap(ref, (None, None, 0, 0))(x, w, scales, shifts), k)
+    _close(jax.vmap(f, (None, None, 0, None))(x, w, scales, shifts[0]),
+           jax.vmap(ref, (None, None, 0, None))(x, w, scales, shifts[0]), k)
+    check_grads(lambda x, w, a, b: f(x, w, a, b) ** 2, (x, w, scales[0], shifts[0]), order=2,
+                modes=("fwd", "rev"), eps=1e-2, atol=5e-2, rtol=5e-2)
 
 
 def _lowered(platform, x_shape, w_shape, strides, padding, dilations=(1, 1), dtype=jnp.float32,

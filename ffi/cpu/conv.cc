@@ -11,12 +11,17 @@ namespace {
 
 constexpr const char* kOp = "conv_nhwc";
 
-ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
-                     int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph, int64_t pw,
-                     int64_t groups, int64_t isa) {
+// y = clamp(conv(x, w) * scale + shift, lo, hi) per output channel; scale and shift [O] are
+// read only where `affine` is 1.
+ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+                     ffi::AnyBuffer shift, ffi::Result<ffi::AnyBuffer> y, int64_t sh, int64_t sw,
+                     int64_t dh, int64_t dw, int64_t ph, int64_t pw, int64_t groups,
+                     int64_t affine, float lo, float hi, int64_t isa) {
   // types first: a registered target is public (jaxops/checks.h)
   constexpr Types kF32 = types_of({DataType::F32});
   for (auto [what, t] : {std::pair{"x", x.element_type()}, std::pair{"w", w.element_type()},
+                         std::pair{"scale", scale.element_type()},
+                         std::pair{"shift", shift.element_type()},
                          std::pair{"y", y->element_type()}})
     if (auto err = check_type(what, t, kF32); !err.empty()) return invalid(kOp, err);
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
@@ -28,11 +33,19 @@ ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuf
   const Geometry g{xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[3], yd[1], yd[2],
                    sh,    sw,    dh,    dw,    ph,    pw,    groups};
   if (auto err = check(g); !err.empty()) return invalid(kOp, err);
+  if (affine != 0 && affine != 1) return invalid(kOp, "affine must be 0 or 1");
+  if (affine && (scale.dimensions().size() != 1 || shift.dimensions().size() != 1 ||
+                 scale.dimensions()[0] != g.o || shift.dimensions()[0] != g.o))
+    return invalid(kOp, "scale and shift must be [O]");
+  if (!(lo <= hi)) return invalid(kOp, "the clamp needs lo <= hi");
+  Epilogue e;
+  if (affine) e.scale = scale.reinterpret_data<float>(), e.shift = shift.reinterpret_data<float>();
+  e.lo = lo, e.hi = hi;
   if (isa < 0 || isa > int64_t(Isa::kAvx512))
     return invalid(kOp, "isa must be 0 (the best the CPU has), 1 (generic), 2 (AVX2), 3 (AVX-512)");
   if (y->element_count() > 0)
     convolve(g, x.reinterpret_data<float>(), w.reinterpret_data<float>(),
-             y->reinterpret_data<float>(), Isa(isa));
+             y->reinterpret_data<float>(), e, Isa(isa));
   return ffi::Error::Success();
 }
 
@@ -40,6 +53,8 @@ ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuf
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvNhwcCpu, conv_nhwc,
                               ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
@@ -50,6 +65,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvNhwcCpu, conv_nhwc,
                                   .Attr<int64_t>("ph")
                                   .Attr<int64_t>("pw")
                                   .Attr<int64_t>("groups")
+                                  .Attr<int64_t>("affine")
+                                  .Attr<float>("lo")
+                                  .Attr<float>("hi")
                                   .Attr<int64_t>("isa"));
 
 void register_handlers(Registry& r) { r.add("jaxops_conv_nhwc", ConvNhwcCpu); }

@@ -507,6 +507,7 @@ class Program:
         self._refused: list[str] = []
         try:
             from jaxops.onnx.handlers.fused_attention import fuse_attention
+            from jaxops.onnx.handlers.fused_conv import fuse_conv
             from jaxops.onnx.handlers.p2p import pair_transfers  # Send/Recv run as pairs
 
             graph = model.graph
@@ -515,6 +516,8 @@ class Program:
             if ((self.precision == "bf16" or jax.default_backend() == "gpu")
                     and not disabled("fused_attention")):
                 graph = fuse_attention(graph, self.opsets.get("", 1))
+            if not disabled("fused_conv"):
+                graph = fuse_conv(graph, self.opsets.get("", 1))
             self._main = self._plan(pair_transfers(graph), frozenset(), self.opsets, top=True)
         except RecursionError:
             raise OnnxImportError("the model's subgraphs nest too deeply") from None

@@ -22,9 +22,11 @@ batch-sharded dY/X gives dW and dB by an all-reduce, never an all-gather) with n
 except that XLA's SPMD partitioner all-gathers a batch-sharded operand of a grouped
 convolution on a GPU (group > 1; jax 0.12, as for a plain lax.conv_general_dilated forward).
 """
+import dataclasses
 import functools
 import itertools
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -444,8 +446,23 @@ def _out_sizes(padded, kernel, strides, dilations):
     return [(p - (k - 1) * d - 1) // s + 1 for p, k, s, d in zip(padded, kernel, strides, dilations)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What follows a convolution, output channel by output channel (a BatchNormalization in
+    inference, a Relu or Clip: the importer's fused Conv): `exact(y, *operands)` is the
+    graph's own math, which runs where the CPU kernel does not; the kernel applies
+    `folded(*operands)` -> (scale, shift) [O] (or (None, None)) and the static bounds
+    [lo, hi] in its store instead: clamp(sum * scale + shift, lo, hi)."""
+    operands: tuple
+    exact: Callable
+    folded: Callable
+    lo: float = -math.inf
+    hi: float = math.inf
+
+
 def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
-                 precision=lax.Precision.HIGHEST, dense=False, channels_last=False):
+                 precision=lax.Precision.HIGHEST, dense=False, channels_last=False,
+                 epilogue: Epilogue | None = None):
     """lax.conv_general_dilated in ONNX layouts (NC..., OI...): XLA's convolution, except that
     a grouped one lowered for the CPU is windowed_conv there. (Other dense ones stay XLA's:
     their windowed filter gradient, 1.4-7x faster at the corpus's sizes, summed in another
@@ -467,19 +484,27 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     forward such as `program.jit()`), on the CPU only: windowed_conv's channels-last form,
     also for small dense convolutions (_small_patches), and without the kernel taps that read
     only padding (_live_taps: a dilated convolution over a feature map no wider than its
-    dilation is a 1x1 one)."""
-    n = x.ndim - 2
+    dilation is a 1x1 one).
 
-    def xla(x, w, padding=padding):
+    epilogue: what follows it (an Epilogue): in the kernel's store where the kernel runs,
+    else as the graph writes it."""
+    n = x.ndim - 2
+    ops = epilogue.operands if epilogue else ()
+    after = epilogue.exact if epilogue else (lambda y: y)
+
+    def raw(x, w, padding=padding):
         return lax.conv_general_dilated(
             x, w, window_strides=strides, padding=padding, lhs_dilation=lhs_dilation,
             rhs_dilation=dilations, dimension_numbers=_dimension_numbers(n),
             feature_group_count=group, precision=precision)
 
+    def xla(x, w, *ops):
+        return after(raw(x, w), *ops)
+
     out = _out_sizes(_padded_sizes(x.shape[2:], padding, lhs_dilation), w.shape[2:], strides,
                      dilations)
     if min(out) < 1:
-        return xla(x, w)
+        return xla(x, w, *ops)
     live = _live_taps(x.shape[2:], w.shape[2:], strides, padding, dilations, out,
                       lhs_dilation) if channels_last else None
     cpu_padding = padding if live is None else live[1]
@@ -489,26 +514,32 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     windowed = group > 1 or (dense and _windowed_dense(
         x, cpu_kernel, cpu_padding, dilations, lhs_dilation, strides, channels_last))
     if live is None and not windowed and not kernel:
-        return xla(x, w)
+        return xla(x, w, *ops)
 
-    def before_kernel(x, w):
+    def before_kernel(x, w, *ops):
         if windowed:
-            return windowed_conv(x, w, strides, cpu_padding, dilations, group, lhs_dilation,
-                                 precision, channels_last)
-        return xla(x, w, cpu_padding)
+            y = windowed_conv(x, w, strides, cpu_padding, dilations, group, lhs_dilation,
+                              precision, channels_last)
+        else:
+            y = raw(x, w, cpu_padding)
+        return after(y, *ops)
 
-    def cpu(x, w):
+    def in_kernel(x, w, *ops):
+        scale, shift = epilogue.folded(*ops) if epilogue else (None, None)
+        lo, hi = (epilogue.lo, epilogue.hi) if epilogue else (-math.inf, math.inf)
+        return conv_cpu.conv_nchw(x, w, strides, dilations, cpu_padding, group, scale, shift,
+                                  lo, hi)
+
+    def cpu(x, w, *ops):
         if live is not None:
             w = w[(slice(None),) * 2 + tuple(slice(a, b) for a, b in live[0])]
         if kernel:
             # differentiated as before_kernel: a forward that is differentiated after all
             # (a forward-only export trained) keeps its gradients' formulation and numerics
-            return conv_cpu.with_derivatives_of(
-                before_kernel, lambda x, w: conv_cpu.conv_nchw(x, w, strides, dilations,
-                                                               cpu_padding, group))(x, w)
-        return before_kernel(x, w)
+            return conv_cpu.with_derivatives_of(before_kernel, in_kernel)(x, w, *ops)
+        return before_kernel(x, w, *ops)
     # the platform is chosen when lowering: the compiler never sees a conditional
-    return lax.platform_dependent(x, w, cpu=cpu, default=xla)
+    return lax.platform_dependent(x, w, *ops, cpu=cpu, default=xla)
 
 
 def _live_taps(spatial, kernel, strides, padding, dilations, out, lhs_dilation):

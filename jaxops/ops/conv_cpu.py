@@ -30,9 +30,11 @@ def _out(x, w, strides, dilations, padding):
                                                     dilations, padding))
 
 
-def _shape(x, w, *, strides, dilations, padding, groups=1, isa=0):
-    if x.dtype != jnp.float32 or w.dtype != jnp.float32:
-        raise TypeError(f"x and w must be float32, got {x.dtype} and {w.dtype}")
+def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
+           lo=-np.inf, hi=np.inf, isa=0):
+    if any(a.dtype != jnp.float32 for a in (x, w, scale, shift)):
+        raise TypeError(f"x, w, scale and shift must be float32, got {x.dtype}, {w.dtype}, "
+                        f"{scale.dtype} and {shift.dtype}")
     if x.ndim != 4 or w.ndim != 4:
         raise ValueError(f"x [N, H, W, C] and w [KH, KW, C, O] must have rank 4, got shapes "
                          f"{x.shape} and {w.shape}")
@@ -40,6 +42,11 @@ def _shape(x, w, *, strides, dilations, padding, groups=1, isa=0):
             or w.shape[3] % groups:
         raise ValueError(f"w's input channels {w.shape[2]} x groups {groups} must be x's "
                          f"{x.shape[3]}, and groups must divide its outputs {w.shape[3]}")
+    if scale.shape != (w.shape[3],) or shift.shape != (w.shape[3],):
+        raise ValueError(f"scale and shift must be [O] = [{w.shape[3]}], got {scale.shape} "
+                         f"and {shift.shape}")
+    if not lo <= hi:  # (NaN included)
+        raise ValueError(f"the clamp needs lo <= hi, got {lo} and {hi}")
     if isa not in ISAS:
         raise ValueError(f"isa must be one of {list(ISAS)}, got {isa!r}")
     if min(*strides, *dilations) < 1 or min(p for pair in padding for p in pair) < 0:
@@ -52,42 +59,55 @@ def _shape(x, w, *, strides, dilations, padding, groups=1, isa=0):
     return jax.ShapeDtypeStruct((x.shape[0], *out, w.shape[3]), jnp.float32)
 
 
-def _reference(x, w, *, strides, dilations, padding, groups=1, isa=0):
-    return lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
-                                    dimension_numbers=_DIMS, feature_group_count=groups,
-                                    precision=lax.Precision.HIGHEST)
+def clamp(y, lo, hi):
+    """y clamped to [lo, hi] as the kernel's epilogue does it: NaN stays NaN."""
+    if lo != -np.inf:
+        y = jnp.where(y < lo, jnp.asarray(lo, y.dtype), y)
+    if hi != np.inf:
+        y = jnp.where(y > hi, jnp.asarray(hi, y.dtype), y)
+    return y
+
+
+def _reference(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
+               lo=-np.inf, hi=np.inf, isa=0):
+    y = lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
+                                 dimension_numbers=_DIMS, feature_group_count=groups,
+                                 precision=lax.Precision.HIGHEST)
+    if affine:
+        y = y * scale + shift
+    return clamp(y, lo, hi)
 
 
 def _batch(op, args, dims, **params):
-    x, w = args
-    dx, dw = dims
-    if dw is None:  # the batch joins the images
+    x, dx = args[0], dims[0]
+    if all(d is None for d in dims[1:]):  # the batch joins the images
         x = jnp.moveaxis(x, dx, 0)
-        y = op.bind(x.reshape(-1, *x.shape[2:]), w, **params)
+        y = op.bind(x.reshape(-1, *x.shape[2:]), *args[1:], **params)
         return y.reshape(*x.shape[:2], *y.shape[1:]), 0
-    x = jnp.moveaxis(x, dx, 0) if dx is not None else None
-    w = jnp.moveaxis(w, dw, 0)
-    if x is None:
-        return lax.map(lambda wi: op.bind(args[0], wi, **params), w), 0
-    return lax.map(lambda xw: op.bind(*xw, **params), (x, w)), 0
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+             for a, d in zip(args, dims)]
+    return lax.map(lambda ops: op.bind(*ops, **params), tuple(moved)), 0
 
 
-def _ffi_attrs(x, w, *, strides, dilations, padding, groups=1, isa=0):
+def _ffi_attrs(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
+               lo=-np.inf, hi=np.inf, isa=0):
     (sh, sw), (dh, dw), ((ph, _), (pw, _)) = strides, dilations, padding
-    return {name: np.int64(v) for name, v in zip(
-        ("sh", "sw", "dh", "dw", "ph", "pw", "groups", "isa"),
-        (sh, sw, dh, dw, ph, pw, groups, ISAS[isa]))}
+    ints = {name: np.int64(v) for name, v in zip(
+        ("sh", "sw", "dh", "dw", "ph", "pw", "groups", "affine", "isa"),
+        (sh, sw, dh, dw, ph, pw, groups, int(affine), ISAS[isa]))}
+    return {**ints, "lo": np.float32(lo), "hi": np.float32(hi)}
 
 
-def _factors(x, w, *, groups=1, **params):
+def _factors(x, w, scale, shift, *, groups=1, **params):
     # images and output channels shard; the window and the summed channels stay whole, and
     # so do grouped outputs (a shard of them would not hold whole groups' worth)
     # (the replicated factors in the order they first appear: Shardy wants them sorted)
     if groups == 1:
-        return Factors((("n", "h", "w", "c"), ("kh", "kw", "c", "o")), (("n", "oh", "ow", "o"),),
-                       ("h", "w", "c", "kh", "kw", "oh", "ow"))
-    return Factors((("n", "h", "w", "c"), ("kh", "kw", "cg", "o")), (("n", "oh", "ow", "o"),),
-                   ("h", "w", "c", "kh", "kw", "cg", "o", "oh", "ow"))
+        return Factors((("n", "h", "w", "c"), ("kh", "kw", "c", "o"), ("o",), ("o",)),
+                       (("n", "oh", "ow", "o"),), ("h", "w", "c", "kh", "kw", "oh", "ow"))
+    return Factors((("n", "h", "w", "c"), ("kh", "kw", "cg", "o"), ("o",), ("o",)),
+                   (("n", "oh", "ow", "o"),), ("h", "w", "c", "kh", "kw", "cg", "o", "oh", "ow"))
 
 
 conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
@@ -95,13 +115,23 @@ conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
                   xla_when=lambda platform, *args, **params: platform != "cpu")
 
 
-def conv_nhwc(x, w, strides, dilations, padding, groups=1, isa=0):
-    """y [N, OH, OW, O] = x [N, H, W, C] (*) w [KH, KW, C / groups, O], f32, padding
-    ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads the input channels of
-    group j // (O / groups)). `isa` picks the kernel's tile code (ISAS; 0: the best the CPU
-    has, a higher one than it has falls back to the best below): the tests run every path."""
-    return conv_nhwc_op(x, w, strides=tuple(strides), dilations=tuple(dilations),
-                        padding=tuple(map(tuple, padding)), groups=int(groups), isa=isa)
+def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=None,
+              lo=-np.inf, hi=np.inf, isa=0):
+    """y [N, OH, OW, O] = clamp(x [N, H, W, C] (*) w [KH, KW, C / groups, O] * scale + shift,
+    lo, hi), f32, padding ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads
+    the input channels of group j // (O / groups); scale and shift [O], both or neither: a
+    folded BatchNormalization; lo, hi: a Relu's or Clip's bounds). `isa` picks the kernel's
+    tile code (ISAS; 0: the best the CPU has, a higher one than it has falls back to the best
+    below): the tests run every path."""
+    affine = scale is not None
+    if affine != (shift is not None):
+        raise ValueError("jaxops.ops.conv_nhwc: scale and shift come together")
+    o = jnp.shape(w)[-1] if jnp.ndim(w) else 0
+    if not affine:  # (not read: the kernel skips the affine step)
+        scale, shift = jnp.ones((o,), jnp.float32), jnp.zeros((o,), jnp.float32)
+    return conv_nhwc_op(x, w, scale, shift, strides=tuple(strides), dilations=tuple(dilations),
+                        padding=tuple(map(tuple, padding)), groups=int(groups), affine=affine,
+                        lo=float(lo), hi=float(hi), isa=isa)
 
 
 # The largest convolution the kernel takes (FLOPs): it runs on the calling thread, and above
@@ -139,18 +169,20 @@ def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> boo
     return flops <= MAX_FLOPS
 
 
-def conv_nchw(x, w, strides, dilations, padding, groups=1):
+def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=None,
+              lo=-np.inf, hi=np.inf):
     """The kernel in ONNX layouts: x [N, C, H, W], w [O, C / groups, KH, KW] -> [N, O, OH, OW]
-    in x's dtype (f16/bf16 computed in f32, rounded once)."""
+    in x's dtype (f16/bf16 computed in f32, rounded once); the epilogue as conv_nhwc's."""
     dtype = x.dtype
     xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
     wt = jnp.transpose(w.astype(jnp.float32), (2, 3, 1, 0))
-    y = conv_nhwc(xt, wt, strides, dilations, padding, groups)
+    f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)
+    y = conv_nhwc(xt, wt, strides, dilations, padding, groups, f32(scale), f32(shift), lo, hi)
     return jnp.transpose(y, (0, 3, 1, 2)).astype(dtype)
 
 
 def with_derivatives_of(reference, kernel):
-    """kernel's values with reference's derivatives (both f(x, w) of the same math)."""
+    """kernel's values with reference's derivatives (both f(x, w, ...) of the same math)."""
     f = jax.custom_jvp(kernel)
     f.defjvp(lambda primals, tangents: (kernel(*primals),
                                         jax.jvp(reference, primals, tangents)[1]))

@@ -64,6 +64,27 @@ inline void copy_run(float* __restrict dst, const float* __restrict src, int64_t
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
 }
 
+// How the packs copy runs: copy_run, or (CopyAvx512) whole and masked 16-float moves
+// (DeepLabV3's 7x7 stem's runs of 21 floats: 51.2 -> 46.6 us, one AVX-512 core).
+struct CopyLoop {
+  static void run(float* __restrict dst, const float* __restrict src, int64_t n) {
+    copy_run(dst, src, n);
+  }
+};
+#ifdef JAXOPS_CONV_X86
+struct CopyAvx512 {  // for packs compiled for AVX-512 (the Avx512 pack wrappers below)
+  __attribute__((target("avx512f"))) static void run(float* __restrict dst,
+                                                     const float* __restrict src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
+    if (i < n) {
+      const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+      _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+  }
+};
+#endif
+
 // Weight panels a group (16 output channels each, the last zero-padded).
 inline int64_t panels_of(const Geometry& g) { return (g.og() + kCols - 1) / kCols; }
 
@@ -82,8 +103,9 @@ inline void pack_weights(const Geometry& g, const float* w, float* panels) {
 
 // The patch rows [tile_rows][KH * KW * C] of output pixels m0 .. m0 + rows - 1 (rows past the
 // end repeat m0); taps outside x are zero.
-inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
-                         float* a) {
+template <class Copy>
+void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
+                  float* a) {
   const int64_t run = g.kw * g.c;
   for (int r = 0; r < tile_rows; ++r) {
     float* row = a + r * g.patch();
@@ -98,12 +120,12 @@ inline void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows
       }
       const float* line = x + (b * g.h + iy) * g.w * g.c;
       if (g.dw == 1 && ix0 >= 0 && ix0 + g.kw <= g.w) {  // the kernel row lies inside x
-        copy_run(row, line + ix0 * g.c, run);
+        Copy::run(row, line + ix0 * g.c, run);
         continue;
       }
       for (int64_t kx = 0; kx < g.kw; ++kx) {
         const int64_t ix = ix0 + kx * g.dw;
-        if (ix >= 0 && ix < g.w) copy_run(row + kx * g.c, line + ix * g.c, g.c);
+        if (ix >= 0 && ix < g.w) Copy::run(row + kx * g.c, line + ix * g.c, g.c);
         else std::memset(row + kx * g.c, 0, sizeof(float) * g.c);
       }
     }
@@ -125,22 +147,48 @@ inline bool inside(const Geometry& g) {
 
 // pack_patches for inside(g): one run of KW * C floats a kernel row, no bounds checks
 // (DeepLabV3's stem on its zero-bordered copy: 12.6 -> 7.5 us to pack, one AVX-512 core).
-inline void pack_inside(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
-                        float* a) {
+template <class Copy>
+void pack_inside(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
+                 float* a) {
   const int64_t run = g.kw * g.c, line = g.dh * g.w * g.c;
   for (int r = 0; r < tile_rows; ++r) {
     const int64_t m = m0 + (r < rows ? r : 0);
     const int64_t ox = m % g.ow, t = m / g.ow, oy = t % g.oh, b = t / g.oh;
     const float* p = x + ((b * g.h + oy * g.sh) * g.w + ox * g.sw) * g.c;
     float* row = a + r * g.patch();
-    for (int64_t ky = 0; ky < g.kh; ++ky, row += run, p += line) copy_run(row, p, run);
+    for (int64_t ky = 0; ky < g.kh; ++ky, row += run, p += line) Copy::run(row, p, run);
   }
 }
 
-// y[r, :] for the tile's rows, from its accumulators [kMaxRows][kMaxCols], the columns cut to
-// what O leaves.
-inline void store_tile(const float* acc, int rows, int64_t cols, int64_t o, float* y) {
-  for (int r = 0; r < rows; ++r) copy_run(y + r * o, acc + r * kMaxCols, cols);
+// What follows the sums, per output channel j: y = clamp(sum * scale[j] + shift[j], lo, hi)
+// (scale and shift null: the sum itself; lo, hi -inf, inf: no clamp). A NaN sum stays NaN.
+struct Epilogue {
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+  float lo = -__builtin_inff(), hi = __builtin_inff();
+};
+
+// Where a tile stores: `rows` rows `ld` floats apart from y, `cols` columns; scale and shift
+// from the tile's first column.
+struct Store {
+  float* y;
+  int64_t ld;
+  int rows;
+  int64_t cols;
+  Epilogue e;
+};
+
+inline float finish(float v, const Epilogue& e, int64_t j) {
+  if (e.scale) v = v * e.scale[j] + e.shift[j];
+  v = v < e.lo ? e.lo : v;  // (written so that NaN passes)
+  return v > e.hi ? e.hi : v;
+}
+
+// The tile's accumulators [kMaxRows][kMaxCols] through the epilogue into y.
+inline void store_tile(const float* acc, const Store& out) {
+  for (int r = 0; r < out.rows; ++r)
+    for (int64_t j = 0; j < out.cols; ++j)
+      out.y[r * out.ld + j] = finish(acc[r * kMaxCols + j], out.e, j);
 }
 
 // Where a tile reads one group's patch rows: row r's value i of tap t is
@@ -150,12 +198,13 @@ struct Patches {
   int64_t row, taps, tap, cg;
 };
 
-// A tile: acc[r][j] = sum_i a[r][i] * panels[i][j] for the tiling's rows and the columns of
-// its `panels` adjacent weight panels (each K x 16, the next one k * 16 floats on).
-using TileFn = void (*)(const Patches& s, int64_t k, const float* panel, float* acc);
+// A tile: y[r][j] = finish(sum_i a[r][i] * panels[i][j]) for the tiling's rows and the columns
+// of its `panels` adjacent weight panels (each K x 16, the next one k * 16 floats on), stored
+// as `out` says.
+using TileFn = void (*)(const Patches& s, int64_t k, const float* panel, const Store& out);
 
 // The tile in plain C++: any CPU; 6 rows, one panel.
-inline void tile_generic(const Patches& s, int64_t, const float* panel, float* acc) {
+inline void tile_generic(const Patches& s, int64_t, const float* panel, const Store& out) {
   float c[6][kCols] = {};
   for (int64_t t = 0; t < s.taps; ++t)
     for (int64_t i = 0; i < s.cg; ++i, panel += kCols)
@@ -163,14 +212,17 @@ inline void tile_generic(const Patches& s, int64_t, const float* panel, float* a
         const float v = s.a[r * s.row + t * s.tap + i];
         for (int j = 0; j < kCols; ++j) c[r][j] += v * panel[j];
       }
+  alignas(64) float acc[kMaxRows * kMaxCols];
   for (int r = 0; r < 6; ++r) std::memcpy(acc + r * kMaxCols, c[r], sizeof c[r]);
+  store_tile(acc, out);
 }
 
 #ifdef JAXOPS_CONV_X86
 // AVX2 + FMA: 6 rows, one panel; 12 accumulators, two weight loads and six broadcasts a step.
 // Written out: as arrays of registers in loops GCC 12 ran it at half the speed.
 __attribute__((target("avx2,fma"))) inline void tile_avx2(const Patches& s, int64_t,
-                                                          const float* panel, float* acc) {
+                                                          const float* panel,
+                                                          const Store& out) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t t = 0; t < s.taps; ++t) {
@@ -193,7 +245,9 @@ __attribute__((target("avx2,fma"))) inline void tile_avx2(const Patches& s, int6
     }
   }
   const __m256 all[] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+  alignas(64) float acc[kMaxRows * kMaxCols];
   for (int i = 0; i < 12; ++i) _mm256_storeu_ps(acc + (i / 2) * kMaxCols + (i % 2) * 8, all[i]);
+  store_tile(acc, out);
 }
 
 // AVX-512: 12 rows, `P` panels (1 or 2): 12 * P accumulators, P weight loads and 12 broadcasts
@@ -201,7 +255,8 @@ __attribute__((target("avx2,fma"))) inline void tile_avx2(const Patches& s, int6
 // (259 against 127 GFLOP/s at K = 147, one core of the dev VM's AMD EPYC, 2026-11-27).
 template <int P>
 __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int64_t k,
-                                                           const float* panel, float* acc) {
+                                                           const float* panel,
+                                                           const Store& out) {
   __m512 c[12][P];
   for (auto& row : c)
     for (auto& v : row) v = _mm512_setzero_ps();
@@ -217,16 +272,53 @@ __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int
       }
     }
   }
-  for (int r = 0; r < 12; ++r)
-    for (int p = 0; p < P; ++p) _mm512_storeu_ps(acc + r * kMaxCols + p * kCols, c[r][p]);
+  // straight from the registers into y: the epilogue's factors once a tile, masked stores
+  // for the columns O leaves (unrolled: indexed by a variable, c would live in memory)
+  __m512 scale[P], shift[P];
+  __mmask16 mask[P];
+  const __m512 lo = _mm512_set1_ps(out.e.lo), hi = _mm512_set1_ps(out.e.hi);
+  for (int p = 0; p < P; ++p) {
+    const int64_t n = std::clamp<int64_t>(out.cols - p * kCols, 0, kCols);
+    mask[p] = __mmask16((1u << n) - 1);
+    if (out.e.scale) {
+      scale[p] = _mm512_maskz_loadu_ps(mask[p], out.e.scale + p * kCols);
+      shift[p] = _mm512_maskz_loadu_ps(mask[p], out.e.shift + p * kCols);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < 12; ++r) {
+    if (r >= out.rows) break;
+    for (int p = 0; p < P; ++p) {
+      __m512 v = c[r][p];
+      if (out.e.scale) v = _mm512_fmadd_ps(v, scale[p], shift[p]);
+      // lo, hi first: where v is NaN, max and min return it
+      v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+      _mm512_mask_storeu_ps(out.y + r * out.ld + p * kCols, mask[p], v);
+    }
+  }
 }
 #endif
 
-// The tile code for `isa`: rows a tile, panels a full tile (`full`) and the one-panel tile
-// for an odd last panel (`one`).
+#ifdef JAXOPS_CONV_X86
+// The packs with CopyAvx512's moves inlined (flatten: compiled for AVX-512 as a whole).
+#define JAXOPS_CONV_PACK_AVX512(name)                                                      \
+  __attribute__((target("avx512f"), flatten)) inline void name##_avx512(                   \
+      const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows, float* a) {  \
+    name<CopyAvx512>(g, x, m0, rows, tile_rows, a);                                        \
+  }
+JAXOPS_CONV_PACK_AVX512(pack_patches)
+JAXOPS_CONV_PACK_AVX512(pack_inside)
+#undef JAXOPS_CONV_PACK_AVX512
+#endif
+
+// The tile code for `isa`: rows a tile, panels a full tile (`full`), the one-panel tile for an
+// odd last panel (`one`), and the packs that copy as it does best.
+using PackFn = void (*)(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
+                        float* a);
 struct Tiling {
   int rows, panels;
   TileFn full, one;
+  PackFn patches, inside;
 };
 
 inline Tiling tiling(Isa isa) {
@@ -234,11 +326,12 @@ inline Tiling tiling(Isa isa) {
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx512 && (isa == Isa::kBest || isa == Isa::kAvx512))
-    return {12, 2, tile_avx512<2>, tile_avx512<1>};
-  if (avx2 && isa != Isa::kGeneric) return {6, 1, tile_avx2, tile_avx2};
+    return {12, 2, tile_avx512<2>, tile_avx512<1>, pack_patches_avx512, pack_inside_avx512};
+  if (avx2 && isa != Isa::kGeneric)
+    return {6, 1, tile_avx2, tile_avx2, pack_patches<CopyLoop>, pack_inside<CopyLoop>};
 #endif
   (void)isa;
-  return {6, 1, tile_generic, tile_generic};
+  return {6, 1, tile_generic, tile_generic, pack_patches<CopyLoop>, pack_inside<CopyLoop>};
 }
 
 // padded()'s copy: its height and width (doubles, as extent), and whether it is no larger than
@@ -282,7 +375,7 @@ inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& co
 
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
-                     Isa isa = Isa::kBest) {
+                     const Epilogue& e = {}, Isa isa = Isa::kBest) {
   // the scratch of this thread's last call, kept: allocating and zeroing it every call cost
   // ~1 us of DeepLabV3's 3x3s (every element is written before it is read) ...
   thread_local std::vector<float> copy, panels, a;
@@ -302,9 +395,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   if (panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
   if (a.size() < size_t(t.rows * g.patch())) a.resize(t.rows * g.patch());
-  alignas(64) float acc[kMaxRows * kMaxCols];
   pack_weights(g, w, panels.data());
-  const auto pack = inside(g) ? pack_inside : pack_patches;
+  const PackFn pack = inside(g) ? t.inside : t.patches;
   for (int64_t m0 = 0; m0 < m; m0 += t.rows) {
     const int rows = int(m - m0 < t.rows ? m - m0 : t.rows);
     pack(g, x, m0, rows, t.rows, a.data());
@@ -315,10 +407,12 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
                                                 g.c, g.cg()};
       for (int64_t p = 0; p < count; p += t.panels) {
         const bool full = p + t.panels <= count;
-        (full ? t.full : t.one)(s, k, panels.data() + (gi * count + p) * k * kCols, acc);
-        const int64_t left = g.og() - p * kCols, width = full ? t.panels * kCols : kCols;
-        store_tile(acc, rows, left < width ? left : width, g.o,
-                   y + m0 * g.o + gi * g.og() + p * kCols);
+        const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,
+                      width = full ? t.panels * kCols : kCols;
+        Epilogue at = e;
+        if (e.scale) at.scale += col, at.shift += col;
+        (full ? t.full : t.one)(s, k, panels.data() + (gi * count + p) * k * kCols,
+                                Store{y + m0 * g.o + col, g.o, rows, std::min(left, width), at});
       }
     }
   }

@@ -20,8 +20,16 @@ def _dims(nd):
 
 
 @handler("Conv")
-def conv(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-         pads=None, strides=None):
+def conv(ctx, x, w, b=None, **attrs):
+    y = convolve(ctx, x, w, **attrs)
+    if b is not None:
+        y = y + b.reshape((-1,) + (1,) * (x.ndim - 2))
+    return y
+
+
+def convolve(ctx, x, w, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+             pads=None, strides=None, epilogue=None):
+    """Conv's convolution without its bias (and with the fused Conv's epilogue)."""
     nd = x.ndim - 2
     kernel = list(kernel_shape or w.shape[2:])
     strides = list(strides or [1] * nd)
@@ -34,11 +42,10 @@ def conv(ctx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
     # (program.jit() closes over the params) or a graph without ConvGrad (an eval model, as
     # Module.eval runs); in a training graph the NCHW form, whose activations its gradient ops
     # read as they lie (channels last there: train steps 1.01-1.11x the time)
-    y = conv_general(x, w.astype(x.dtype), strides, padding, dilations, group, precision=None,
-                     dense=True, channels_last=ctx.is_static(w) or not ctx.graph_has("ConvGrad"))
-    if b is not None:
-        y = y + b.reshape((-1,) + (1,) * nd)
-    return y
+    return conv_general(x, w.astype(x.dtype), strides, padding, dilations, group,
+                        precision=None, dense=True,
+                        channels_last=ctx.is_static(w) or not ctx.graph_has("ConvGrad"),
+                        epilogue=epilogue)
 
 
 @handler("ConvTranspose")

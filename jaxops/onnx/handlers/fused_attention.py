@@ -28,8 +28,6 @@ JAXOPS_DISABLE=fused_attention turns the rewrite off.
 """
 from __future__ import annotations
 
-import collections
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,19 +36,12 @@ import onnx
 from jaxops._src import flash_attention
 from jaxops.nn import softmax as nn_softmax
 
-from ..registry import canonical_domain, handler
+from ..registry import handler
+from ._patterns import Graph as _Graph, attrs as _attrs, is_op as _is
 from .p2p import DOMAIN
 from .shape import reshape
 
 _FWD, _BWD = "FusedAttention", "FusedAttentionGrad"
-
-
-def _attrs(node) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _is(node, op_type, domain="") -> bool:
-    return node is not None and node.op_type == op_type and canonical_domain(node.domain) == domain
 
 
 def _fused_matmul(node, trans_a, trans_b) -> bool:
@@ -62,36 +53,6 @@ def _fused_matmul(node, trans_a, trans_b) -> bool:
     return (a.get("transA", 0) == trans_a and a.get("transB", 0) == trans_b
             and a.get("alpha", 1.0) == 1.0 and not a.get("transBatchA", 0)
             and not a.get("transBatchB", 0))
-
-
-def _subgraph_reads(graph) -> set[str]:
-    """Every name the nodes of `graph`'s subgraphs (If/Loop/Scan bodies, nested) read."""
-    names = set()
-    for node in graph.node:
-        for a in node.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names |= {i for n in sub.node for i in n.input if i} | _subgraph_reads(sub)
-    return names
-
-
-class _Graph:
-    """Producers and consumers of a graph's values."""
-
-    def __init__(self, graph):
-        self.nodes = list(graph.node)
-        self.producer = {o: n for n in self.nodes for o in n.output if o}
-        self.consumers = collections.defaultdict(list)
-        for n in self.nodes:
-            for i in n.input:
-                if i:
-                    self.consumers[i].append(n)
-        # values that leave the pattern's reach: the graph's outputs and what subgraphs read
-        self.outputs = {v.name for v in graph.output} | _subgraph_reads(graph)
-
-    def only_consumer(self, name):
-        """The one node that reads `name`, or None (several, none, or a graph output)."""
-        users = self.consumers.get(name, [])
-        return users[0] if len(users) == 1 and name not in self.outputs else None
 
 
 def _scores_side(g, add):

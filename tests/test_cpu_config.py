@@ -123,3 +123,50 @@ def test_ort_session_options_themselves():
     options.intra_op_num_threads = 1
     with pytest.warns(RuntimeWarning, match=r"configure_cpu\(threads=1\)"):
         _module(options)
+
+
+_SCHEDULE = textwrap.dedent("""
+    import os, sys
+    if {import_first}:
+        import jaxops
+    import jax, jax.numpy as jnp
+    if not {import_first}:
+        jax.devices()  # the backends start before jaxops is imported
+        import jaxops
+
+    def f(x):  # four independent chains: the two schedulers order them differently
+        return sum(jnp.sin(jnp.sin(x @ x + i) @ x) for i in range(4))
+
+    text = jax.jit(f).lower(jnp.ones((32, 32))).compile().as_text()
+    print(os.environ.get("XLA_FLAGS", ""))
+    print(text[text.index("ENTRY"):].replace("\\n", " "))
+""")
+
+
+def _schedule(xla_flags, import_first=True):
+    """(XLA_FLAGS after the import, the compiled entry computation) in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "XLA_FLAGS")}
+    env["JAX_PLATFORMS"] = "cpu"
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
+    out = subprocess.run([sys.executable, "-c", _SCHEDULE.format(import_first=import_first)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    flags, entry = out.stdout.rstrip("\n").split("\n")[-2:]
+    return flags, entry
+
+
+def test_importing_jaxops_picks_the_memory_scheduler_unless_told_otherwise():
+    flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
+    flags, default = _schedule(None)
+    assert flags == f"{flag}=false"
+    _, memory = _schedule(f"{flag}=false")
+    _, concurrency = _schedule(f"{flag}=true")
+    assert default == memory != concurrency  # the flag took effect
+    # a user's own setting stays, and so do other flags
+    assert _schedule(f"{flag}=true") == (f"{flag}=true", concurrency)
+    assert _schedule("--xla_cpu_use_thunk_runtime=true")[0] == (
+        f"--xla_cpu_use_thunk_runtime=true {flag}=false")
+    # imported after the backends started: too late to act, so nothing is changed
+    flags, late = _schedule(None, import_first=False)
+    assert flags == "" and late == concurrency

@@ -7,10 +7,11 @@ flag or jax's backends have started (the flag is read when they start). XLA's de
 independent operations in buffers of their own so that its thunk executor can run them at
 once, handing ready ones to the intra-op pool; on the small programs ORT's training API is
 used with, those hand-offs (a pool thread woken; on one core, a context switch) cost more than
-they bring, and reused buffers stay in cache. Corpus (2 vCPUs, 2026-11-28, one run each of
-`python -m bench.cpu_corpus` without and with the flag): forwards no slower than ORT's at one
-thread 25 of 32 (18 without), at both libraries' defaults 17 of 32 (5), training steps at
-the defaults 11 of 26 (7); RegNet's eval after an idle wait 68 -> 58 us at one thread.
+they bring, and reused buffers stay in cache. Corpus (2 vCPUs, 2026-11-28, `python -m
+bench.cpu_corpus`, one run without the flag, three with it): forwards no slower than ORT's at
+one thread 22-25 of 32 (18 without), at both libraries' defaults 10-17 of 32 (5), training
+steps at the defaults 7-11 of 26 (7); RegNet's eval after an idle wait 68 -> 58 us at one
+thread, GPT-2's 125 -> 86 us on both cores (docs/performance.md, eleventh session).
 `XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=true` keeps XLA's default.
 
 XLA:CPU runs a jitted call on its own execute thread (async dispatch) and spreads a program's

@@ -59,7 +59,7 @@ def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=
     return jax.ShapeDtypeStruct((x.shape[0], *out, w.shape[3]), jnp.float32)
 
 
-def clamp(y, lo, hi):
+def _clamp(y, lo, hi):
     """y clamped to [lo, hi] as the kernel's epilogue does it: NaN stays NaN."""
     if lo != -np.inf:
         y = jnp.where(y < lo, jnp.asarray(lo, y.dtype), y)
@@ -75,7 +75,7 @@ def _reference(x, w, scale, shift, *, strides, dilations, padding, groups=1, aff
                                  precision=lax.Precision.HIGHEST)
     if affine:
         y = y * scale + shift
-    return clamp(y, lo, hi)
+    return _clamp(y, lo, hi)
 
 
 def _batch(op, args, dims, **params):

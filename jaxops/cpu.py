@@ -1,18 +1,4 @@
-"""How XLA:CPU runs jaxops' programs: its scheduler, and `configure_cpu(threads=1)` for small
-models.
-
-Importing jaxops makes XLA:CPU schedule programs to minimize memory (XLA_FLAGS
---xla_cpu_enable_concurrency_optimized_scheduler=false) unless XLA_FLAGS already names that
-flag or jax's backends have started (the flag is read when they start). XLA's default keeps
-independent operations in buffers of their own so that its thunk executor can run them at
-once, handing ready ones to the intra-op pool; on the small programs ORT's training API is
-used with, those hand-offs (a pool thread woken; on one core, a context switch) cost more than
-they bring, and reused buffers stay in cache. Corpus (2 vCPUs, 2026-11-28, `python -m
-bench.cpu_corpus`, one run without the flag, three with it): forwards no slower than ORT's at
-one thread 22-25 of 32 (18 without), at both libraries' defaults 10-17 of 32 (5), training
-steps at the defaults 7-11 of 26 (7); RegNet's eval after an idle wait 68 -> 58 us at one
-thread, GPT-2's 125 -> 86 us on both cores (docs/performance.md, eleventh session).
-`XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=true` keeps XLA's default.
+"""How XLA:CPU runs jaxops' programs: `configure_cpu(threads=1)` for small models.
 
 XLA:CPU runs a jitted call on its own execute thread (async dispatch) and spreads a program's
 independent operations and large kernels over an intra-op pool of one thread a core. For the
@@ -44,22 +30,30 @@ _SCHEDULER_JAX = ((0, 8), (0, 13))
 
 
 def _prefer_memory_scheduler() -> None:
+    """XLA:CPU's memory-minimizing scheduler in place of its concurrency-optimized default,
+    unless XLA_FLAGS names the flag (read when the backends start). The default gives a
+    program's independent operations buffers of their own so that the thunk executor can run
+    them at once, handing ready ones to the intra-op pool; on small programs those hand-offs (a
+    pool thread woken after any pause; on one core, a context switch) cost more than they bring.
+    Corpus (2 vCPUs, 2026-11-28, `python -m bench.cpu_corpus` with the flag in XLA_FLAGS: one
+    run before, three with it): forwards no slower than ORT's at one thread 22-25 of 32 (18),
+    at all threads 10-17 of 32 (5); after an idle wait RegNet's eval 68 -> 58 us on one core,
+    GPT-2's 125 -> 86 us on two. The cost: jax.checkpoint's and gist_checkpoint's compiled
+    temp memory on the CPU shows less of their saving (docs/gist.md), so it is not a default."""
     flags = os.environ.get("XLA_FLAGS", "")
     version = tuple(int(v) for v in jax.__version__.split(".")[:2])
-    if (_SCHEDULER_FLAG in flags or backends_started()
-            or not _SCHEDULER_JAX[0] <= version < _SCHEDULER_JAX[1]):
+    if _SCHEDULER_FLAG in flags or not _SCHEDULER_JAX[0] <= version < _SCHEDULER_JAX[1]:
         return
     os.environ["XLA_FLAGS"] = f"{flags} {_SCHEDULER_FLAG}=false".strip()
 
 
-_prefer_memory_scheduler()
-
-
 def configure_cpu(threads: int | None = None) -> None:
-    """Sets XLA:CPU's intra-op threads for this process (`PJRT_NPROC`); `threads=1` also runs
-    each jitted CPU call on the calling thread (`jax_cpu_enable_async_dispatch` off), as an ORT
-    session with `intra_op_num_threads=1` does. `None` leaves XLA's defaults (a thread a core,
-    async dispatch) in place.
+    """Sets XLA:CPU's intra-op threads for this process (`PJRT_NPROC`) and its
+    memory-minimizing scheduler (unless XLA_FLAGS names
+    `--xla_cpu_enable_concurrency_optimized_scheduler`: _prefer_memory_scheduler); `threads=1`
+    also runs each jitted CPU call on the calling thread (`jax_cpu_enable_async_dispatch`
+    off), as an ORT session with `intra_op_num_threads=1` does. `None` leaves all of XLA's
+    defaults (a thread a core, async dispatch, its scheduler) in place.
 
     Call it before anything starts jax's backends (`jax.devices()`, the first jitted call,
     loading a model's weights onto a device): a RuntimeError says so otherwise, since the
@@ -76,5 +70,6 @@ def configure_cpu(threads: int | None = None) -> None:
             "jax.devices() or a model load ran before it), so XLA:CPU's threads are fixed for "
             "this process: call jaxops.configure_cpu first, right after the imports")
     os.environ["PJRT_NPROC"] = str(threads)
+    _prefer_memory_scheduler()
     if threads == 1:
         jax.config.update("jax_cpu_enable_async_dispatch", False)

@@ -127,12 +127,9 @@ def test_ort_session_options_themselves():
 
 _SCHEDULE = textwrap.dedent("""
     import os, sys
-    if {import_first}:
-        import jaxops
+    import jaxops
+    jaxops.configure_cpu({threads})
     import jax, jax.numpy as jnp
-    if not {import_first}:
-        jax.devices()  # the backends start before jaxops is imported
-        import jaxops
 
     def f(x):  # four independent chains: the two schedulers order them differently
         return sum(jnp.sin(jnp.sin(x @ x + i) @ x) for i in range(4))
@@ -143,30 +140,28 @@ _SCHEDULE = textwrap.dedent("""
 """)
 
 
-def _schedule(xla_flags, import_first=True):
-    """(XLA_FLAGS after the import, the compiled entry computation) in a fresh process."""
+def _schedule(xla_flags, threads):
+    """(XLA_FLAGS after configure_cpu(threads), the compiled entry computation) in a fresh
+    process."""
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "cpu"
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
-    out = subprocess.run([sys.executable, "-c", _SCHEDULE.format(import_first=import_first)],
+    out = subprocess.run([sys.executable, "-c", _SCHEDULE.format(threads=threads)],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     flags, entry = out.stdout.rstrip("\n").split("\n")[-2:]
     return flags, entry
 
 
-def test_importing_jaxops_picks_the_memory_scheduler_unless_told_otherwise():
+def test_configure_cpu_picks_the_memory_scheduler_unless_told_otherwise():
     flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
-    flags, default = _schedule(None)
+    flags, configured = _schedule(None, 1)
     assert flags == f"{flag}=false"
-    _, memory = _schedule(f"{flag}=false")
-    _, concurrency = _schedule(f"{flag}=true")
-    assert default == memory != concurrency  # the flag took effect
+    _, memory = _schedule(f"{flag}=false", None)
+    flags, default = _schedule(None, None)  # importing jaxops alone changes nothing
+    assert flags == "" and configured == memory != default  # the flag took effect
     # a user's own setting stays, and so do other flags
-    assert _schedule(f"{flag}=true") == (f"{flag}=true", concurrency)
-    assert _schedule("--xla_cpu_use_thunk_runtime=true")[0] == (
+    assert _schedule(f"{flag}=true", 2) == (f"{flag}=true", default)
+    assert _schedule("--xla_cpu_use_thunk_runtime=true", 2)[0] == (
         f"--xla_cpu_use_thunk_runtime=true {flag}=false")
-    # imported after the backends started: too late to act, so nothing is changed
-    flags, late = _schedule(None, import_first=False)
-    assert flags == "" and late == concurrency

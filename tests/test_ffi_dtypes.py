@@ -99,10 +99,12 @@ _SCRIPT = textwrap.dedent(r'''
                      do_bias_correction=np.int64(1), has_step=np.int64(1), has_norm=np.int64(0),
                      new_gradients=np.int64(1)))
 
-    def conv_nhwc(t):
-        return ([S((2, 4, 4, 8), t)], [arr((2, 6, 6, 3), t), arr((3, 3, 3, 8), t)],
+    def conv_nhwc(t):  # the epilogue's scale and shift read (affine 1), a Relu's bounds
+        return ([S((2, 4, 4, 8), t)], [arr((2, 6, 6, 3), t), arr((3, 3, 3, 8), t),
+                                       arr((8,), t), arr((8,), t)],
                 dict(sh=np.int64(1), sw=np.int64(1), dh=np.int64(1), dw=np.int64(1),
-                     ph=np.int64(0), pw=np.int64(0), isa=np.int64(0)))
+                     ph=np.int64(0), pw=np.int64(0), groups=np.int64(1), affine=np.int64(1),
+                     lo=np.float32(0), hi=np.float32(np.inf), isa=np.int64(0)))
 
     CALLS = {
         "jaxops_conv_nhwc": conv_nhwc,

@@ -81,21 +81,33 @@ def test_each_timed_call_follows_its_own_call_on_idle_threads(monkeypatch):
     assert len(times) == len(cpu) == 2
 
 
-def test_settle_waits_for_a_spinning_thread():
-    import threading
-    import time
-    stop = time.perf_counter() + 0.08
+def _cpu_clock(monkeypatch, busy_windows):
+    """Fakes the process's CPU clock seen by _settle: each 5 ms window shows 5 ms of CPU
+    until busy_windows have passed, then none (a real spinning thread is not scheduled
+    reliably on a loaded 2-core CI machine: it failed there once)."""
+    reads, used = [], [0.0]
 
-    def spin():
-        while time.perf_counter() < stop:
-            pass
-    t = threading.Thread(target=spin)
-    t.start()
-    t0 = time.perf_counter()
+    def process_time():  # read twice a window: at its start and at its end
+        reads.append(None)
+        if len(reads) % 2 == 0 and len(reads) // 2 <= busy_windows:
+            used[0] += 0.005
+        return used[0]
+    monkeypatch.setattr(cpu_corpus.time, "process_time", process_time)
+    return reads
+
+
+def test_settle_waits_while_threads_use_the_cpu(monkeypatch):
+    reads = _cpu_clock(monkeypatch, busy_windows=4)
     cpu_corpus._settle()
-    waited = time.perf_counter() - t0
-    t.join()
-    assert waited >= 0.06  # not before the spinning stopped
+    assert len(reads) == 2 * 5  # four busy windows, returned after the first quiet one
+
+
+def test_settle_returns_at_once_when_idle_and_gives_up_at_its_limit(monkeypatch):
+    import time
+    reads = _cpu_clock(monkeypatch, busy_windows=0)
+    cpu_corpus._settle()
+    assert len(reads) == 2
+    _cpu_clock(monkeypatch, busy_windows=10**6)
     t0 = time.perf_counter()
     cpu_corpus._settle(limit=0.05)
-    assert time.perf_counter() - t0 < 0.05  # idle: at once
+    assert 0.05 <= time.perf_counter() - t0 < 0.5  # always busy: waits its limit, no more

@@ -460,6 +460,9 @@ class Epilogue:
     hi: float = math.inf
 
 
+_NOTHING_AFTER = Epilogue((), lambda y: y, lambda: (None, None))
+
+
 def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
                  precision=lax.Precision.HIGHEST, dense=False, channels_last=False,
                  epilogue: Epilogue | None = None):
@@ -489,8 +492,8 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     epilogue: what follows it (an Epilogue): in the kernel's store where the kernel runs,
     else as the graph writes it."""
     n = x.ndim - 2
-    ops = epilogue.operands if epilogue else ()
-    after = epilogue.exact if epilogue else (lambda y: y)
+    epilogue = epilogue or _NOTHING_AFTER
+    ops, after = epilogue.operands, epilogue.exact
 
     def raw(x, w, padding=padding):
         return lax.conv_general_dilated(
@@ -525,10 +528,8 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
         return after(y, *ops)
 
     def in_kernel(x, w, *ops):
-        scale, shift = epilogue.folded(*ops) if epilogue else (None, None)
-        lo, hi = (epilogue.lo, epilogue.hi) if epilogue else (-math.inf, math.inf)
-        return conv_cpu.conv_nchw(x, w, strides, dilations, cpu_padding, group, scale, shift,
-                                  lo, hi)
+        return conv_cpu.conv_nchw(x, w, strides, dilations, cpu_padding, group,
+                                  *epilogue.folded(*ops), epilogue.lo, epilogue.hi)
 
     def cpu(x, w, *ops):
         if live is not None:

@@ -345,7 +345,7 @@ inline double padded_w(const Geometry& g) {
 }
 inline bool copy_pays(const Geometry& g) {
   return double(g.n) * padded_h(g) * padded_w(g) * double(g.c) <=
-         double(g.n) * double(g.oh) * double(g.ow) * double(g.kh) * double(g.kw) * double(g.c);
+         double(g.n) * double(g.oh) * double(g.ow) * double(g.patch());
 }
 
 // x copied into a zero border wide enough for every tap of g (its pads and the end overhang

@@ -21,10 +21,12 @@ def _dims(nd):
 
 @handler("Conv")
 def conv(ctx, x, w, b=None, **attrs):
-    y = convolve(ctx, x, w, **attrs)
-    if b is not None:
-        y = y + b.reshape((-1,) + (1,) * (x.ndim - 2))
-    return y
+    return with_bias(convolve(ctx, x, w, **attrs), b)
+
+
+def with_bias(y, b):
+    """y [N, C, ...] + b [C] (b None: y)."""
+    return y if b is None else y + b.reshape((-1,) + (1,) * (y.ndim - 2))
 
 
 def convolve(ctx, x, w, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,

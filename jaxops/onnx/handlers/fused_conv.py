@@ -30,7 +30,7 @@ from jaxops.ops.conv import Epilogue
 from ..registry import handler
 from ._patterns import Graph, attrs, is_op
 from .activation import relu
-from .conv import convolve
+from .conv import convolve, with_bias
 from .elementwise import clip_11
 from .norm import batch_norm
 from .p2p import DOMAIN
@@ -106,20 +106,11 @@ def _bounds(ctx, activation, lo, hi):
 @handler(_OP, domain=DOMAIN)
 def fused_conv(ctx, x, w, b=None, scale=None, bias=None, mean=None, var=None, lo=None,
                hi=None, *, activation="", epsilon=1e-5, **conv_attrs):
-    nd = x.ndim - 2
-    has_bn = scale is not None
-    operands = tuple(v for v in (b, scale, bias, mean, var) if v is not None)
+    operands = (b, scale, bias, mean, var)  # (None where absent)
 
-    def unpack(ops):
-        ops = iter(ops)
-        conv_b = next(ops) if b is not None else None
-        return (conv_b, *(next(ops) for _ in range(4))) if has_bn else (conv_b,)
-
-    def exact(y, *ops):  # the replaced nodes, node by node
-        conv_b, *bn = unpack(ops)
-        if conv_b is not None:
-            y = y + conv_b.reshape((-1,) + (1,) * nd)
-        if has_bn:
+    def exact(y, b, *bn):  # the replaced nodes, node by node
+        y = with_bias(y, b)
+        if bn[0] is not None:
             y = batch_norm(ctx, y, *bn, epsilon=epsilon)
         if activation == "Relu":
             y = relu(ctx, y)
@@ -127,22 +118,17 @@ def fused_conv(ctx, x, w, b=None, scale=None, bias=None, mean=None, var=None, lo
             y = clip_11(ctx, y, lo, hi)
         return y
 
-    def folded(*ops):
-        conv_b, *bn = unpack(ops)
-        f32 = lambda v: jnp.asarray(v, jnp.float32)
-        if has_bn:
-            s, beta, m, v = map(f32, bn)
-            k = s / jnp.sqrt(v + jnp.float32(epsilon))
-            shift = beta - m * k if conv_b is None else beta + (f32(conv_b) - m) * k
-            return k, shift
-        if conv_b is None:
-            return None, None
-        return jnp.ones_like(f32(conv_b)), f32(conv_b)
+    def folded(b, *bn):
+        f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)
+        b, (s, beta, m, v) = f32(b), map(f32, bn)
+        if s is None:
+            return (None, None) if b is None else (jnp.ones_like(b), b)
+        k = s / jnp.sqrt(v + jnp.float32(epsilon))
+        return k, beta + ((-m) if b is None else (b - m)) * k
 
     bounds = _bounds(ctx, activation, lo, hi)
-    o = w.shape[0]
-    vectors = all(jnp.shape(v) == (o,) for v in operands)
-    epilogue = Epilogue(operands, exact, folded, *bounds) if bounds and vectors else None
-    if epilogue is None:  # the kernel cannot take it: the nodes as written
+    vectors = all(jnp.shape(v) == (w.shape[0],) for v in operands if v is not None)
+    if not (bounds and vectors):  # the kernel cannot take it: the nodes as written
         return exact(convolve(ctx, x, w, **conv_attrs), *operands)
-    return convolve(ctx, x, w, **conv_attrs, epilogue=epilogue)
+    return convolve(ctx, x, w, **conv_attrs,
+                    epilogue=Epilogue(operands, exact, folded, *bounds))

@@ -73,8 +73,9 @@ def _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
 
 
 def _tap_slices(x, fill, kernel, strides, dilations, out, pad_cfg, channels_last=True):
-    """x padded with `fill`, one strided slice [N, *out, C] (channels_last) or [N, C, *out]
-    a kernel tap, in window order."""
+    """One strided slice of x padded with `fill`, [N, *out, C] (channels_last) or
+    [N, C, *out], a kernel tap, in window order (small x: each tap's slice padded,
+    _padded_taps; else slices of one padded copy)."""
     nd = x.ndim - 2
     if channels_last:
         x = jnp.transpose(x, (0, *range(2, nd + 2), 1))

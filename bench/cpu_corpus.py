@@ -16,8 +16,10 @@ For each export of tests/data/corpus (tools/make_corpus.py's small configuration
            InferenceSession.
 
 Times are medians of --reps calls after warm-up, jaxops and ORT interleaved in one process
-(this machine's load moves both alike; the end says how). Each thread setting runs in its own
-subprocess:
+(this machine's load moves both alike; the end says how). Each export runs at each thread
+setting in a process of its own, as a user's script holds one model (after other corpus
+exports in the same process, DeepLabV3's forward at all1 took 0.20-0.21 ms against 0.15-0.16
+ms alone, ORT's 0.09-0.10 either way; 2026-11-28, one run each):
 
   1    the worker process bound to one core (sched_setaffinity, before jax or ORT is
        imported: whatever threads either starts share that core), ORT's
@@ -267,7 +269,8 @@ def _xla_convolutions_only():
 
 
 def _worker(models, threads, reps, xla_conv):
-    """Runs in the subprocess of one thread setting: one JSON line per model."""
+    """Runs in the subprocess of one thread setting: one JSON line per model (main runs one
+    model a subprocess; --worker takes several)."""
     if xla_conv:
         _xla_convolutions_only()
     import warnings
@@ -364,7 +367,8 @@ def main(argv=None):
           "cpu/wall (jaxops ORT)   ms: medians, ratio: jaxops / ORT")
     rows = []
     for t in threads:
-        rows += _run(models, t, args.reps, args.xla_conv, args.sync_dispatch)
+        for m in models:
+            rows += _run([m], t, args.reps, args.xla_conv, args.sync_dispatch)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print("\n" + markdown(rows))

@@ -8,10 +8,8 @@ vCPUs halt costs tens of microseconds each. ORT's `intra_op_num_threads=1` has a
 counterpart, with two differences: it is process-wide (XLA's CPU client is one per process) and
 it must be set before jax starts its backends (the client reads it when it is created).
 
-Measured on the real-model corpus (2 vCPUs, ORT 1.19.2 at its defaults on both, 2026-11-28,
-`python -m bench.cpu_corpus`, its `all1` rows, three runs): jaxops' training step no slower
-than ORT's for 24-25 of 26 exports with threads=1 against 7-9 with XLA's defaults, its
-forward for 16-18 of 32 against 6-8 (docs/performance.md, twelfth session).
+What it gains on the real-model corpus: docs/training.md, "Small models on a CPU" (the
+measured counts, kept there only).
 """
 from __future__ import annotations
 

@@ -45,6 +45,18 @@ def _prefer_memory_scheduler() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} {_SCHEDULER_FLAG}=false".strip()
 
 
+def xla_threads() -> int:
+    """XLA:CPU's intra-op threads in this process: `PJRT_NPROC` where set (configure_cpu sets
+    it), else one a core this process may run on."""
+    try:
+        return max(1, int(os.environ["PJRT_NPROC"]))
+    except (KeyError, ValueError):
+        pass
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def configure_cpu(threads: int | None = None) -> None:
     """Sets XLA:CPU's intra-op threads for this process (`PJRT_NPROC`) and its
     memory-minimizing scheduler (unless XLA_FLAGS names

@@ -106,8 +106,12 @@ _SCRIPT = textwrap.dedent(r'''
                      ph=np.int64(0), pw=np.int64(0), groups=np.int64(1), affine=np.int64(1),
                      lo=np.float32(0), hi=np.float32(np.inf), isa=np.int64(0)))
 
+    def take_ranges(t):  # two pieces with a gap between them
+        return ([S((2, 3), t), S((4,), t)], [arr((20,), t)], dict(offsets=np.array([1, 9])))
+
     CALLS = {
         "jaxops_conv_nhwc": conv_nhwc,
+        "jaxops_take_ranges": take_ranges,
         "jaxops_concat_training": concat,
         "jaxops_split_training": split,
         "jaxops_gather_grad": gather,

@@ -26,7 +26,7 @@ def test_registrations_equal_the_expected_targets(module):
 
 
 # CPU paths with no CUDA counterpart (registry.h: kCpuTargets)
-CPU_ONLY = {"jaxops_conv_nhwc"}
+CPU_ONLY = {"jaxops_conv_nhwc", "jaxops_take_ranges"}
 
 
 def test_both_extensions_expect_one_list():

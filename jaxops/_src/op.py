@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxops._src.compat import (Primitive, ShapedArray, ad, batching, custom_partitioning,
@@ -100,7 +101,8 @@ class Op:
     reference(*args, **params): the pure-JAX definition: test oracle and fallback.
     batch(op, args, dims, **params) -> (outputs, output batch dims).
     target / ffi_attrs(*args, **params) -> dict: the FFI target and its attributes
-        (numpy-typed: a Python int or float would arrive with the wrong width).
+        (numpy-typed: a Python int or float would arrive with the wrong width; a tuple of
+        ints arrives as an int64 array).
     impl(*args, **params): XLA lowering, for an op without an FFI target.
     factors(*args, **params) -> Factors, for sharding (FFI ops only).
     jvp(op, primals, tangents, **params) -> (out, tangent): default differentiates the
@@ -186,6 +188,9 @@ class Op:
 
         def lower_inner(ctx, *args, op_params, _aliases=(), **attrs):
             rule = jax.ffi.ffi_lowering(target, operand_output_aliases=dict(_aliases) or None)
+            # (a tuple travels the jaxpr hashable; the kernel reads an int64 array)
+            attrs = {k: np.array(v, np.int64) if isinstance(v, tuple) else v
+                     for k, v in attrs.items()}
             return rule(ctx, *args, **attrs)
 
         for platform in available_platforms():

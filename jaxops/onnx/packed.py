@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxops.ops.ranges import take_ranges
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -47,10 +49,20 @@ class Layout:
         return {key: jnp.concatenate([jnp.ravel(arrays[name]) for name, _, _ in group])
                 for key, group in self.groups}
 
-    def unpack(self, flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        """The named arrays, sliced out of the flat buffers."""
-        return {name: flat[key][offset:offset + math.prod(shape)].reshape(shape)
-                for key, group in self.groups for name, shape, offset in group}
+    def unpack(self, flat: dict[str, jax.Array],
+               taken: frozenset[str] = frozenset()) -> dict[str, jax.Array]:
+        """The named arrays, sliced out of the flat buffers; those named in `taken` by one
+        take_ranges call a dtype (jaxops/ops/ranges.py: one thunk on XLA:CPU, not one each)."""
+        out = {}
+        for key, group in self.groups:
+            picked = [(name, (offset, shape)) for name, shape, offset in group if name in taken]
+            if len(picked) > 1:
+                out.update(zip((n for n, _ in picked),
+                               take_ranges(flat[key], [p for _, p in picked])))
+            for name, shape, offset in group:
+                if name not in out:
+                    out[name] = flat[key][offset:offset + math.prod(shape)].reshape(shape)
+        return {name: out[name] for name in self.names}
 
 
 _BUFFERS = ("trained", "grads", "moments", "other_moments", "rest", "step")
@@ -134,12 +146,14 @@ class PackedState:
         new.__dict__.update(self.__dict__, **changes)
         return new
 
-    def unpack(self):
+    def unpack(self, taken: frozenset[str] = frozenset()):
         """The TrainState these buffers hold, its arrays slices of them (no gradients where
-        the grads were left out: the eval step's)."""
+        the grads were left out: the eval step's); the parameters named in `taken` come out
+        of their buffers by one kernel call a dtype (Layout.unpack)."""
         from jaxops.onnx.train_core import TrainState
 
-        arrays = {**self.layout.unpack(self.trained), **self.rest_layout.unpack(self.rest)}
+        arrays = {**self.layout.unpack(self.trained, taken),
+                  **self.rest_layout.unpack(self.rest, taken)}
         params_order, frozen_order, _ = self.order
         per_key = {k: self.layout.unpack(m) for k, m in self.moments.items()}
         moments = {n: {k: per_key[k][n] for k in per_key} for n in self.layout.names

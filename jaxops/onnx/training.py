@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.cpu import configure_cpu
+from jaxops.cpu import configure_cpu, xla_threads
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
 from jaxops.onnx.program import polls, wait_polling
@@ -204,6 +204,25 @@ class CheckpointState:
         return out
 
 
+def _taken_matrices(core, state, device) -> frozenset[str]:
+    """The parameters the steps take out of the packed buffers in one kernel call a dtype
+    (PackedState.unpack): on a CPU whose XLA runs more than one thread, the matrices (rank 2
+    and more) no Gather reads. XLA:CPU copies each such slice in a thunk of its own, each a
+    source of the program's thunk graph that its executor hands to another thread
+    (jaxops/ops/ranges.py); a Gather's table stays a slice, which XLA fuses into the Gather
+    (a copy would be the whole table's)."""
+    platform = device.platform if device is not None else jax.default_backend()
+    if platform != "cpu" or xla_threads() < 2:
+        return frozenset()
+    gathered = {n.input[0] for p in (core.program, core.eval_program) if p is not None
+                for n in p.model.graph.node if n.op_type in _GATHERS and n.input}
+    arrays = {**state.params, **state.frozen}
+    return frozenset(n for n, x in arrays.items() if jnp.ndim(x) >= 2 and n not in gathered)
+
+
+_GATHERS = frozenset({"Gather", "GatherElements", "GatherND"})
+
+
 def _device(device):
     """None (jax's default device), a jax.Device, or ORT's name: 'cpu', 'cuda', 'cuda:1'."""
     if device is None or isinstance(device, jax.Device):
@@ -322,6 +341,7 @@ class Module:
         if self._device is not None:
             on = jax.sharding.SingleDeviceSharding(self._device)
             self._place = dict(in_shardings=on, out_shardings=on)
+        self._taken = _taken_matrices(self.core, ts, self._device)
         self._steps = _Steps(self._make_step)
         # lazy_reset_grad's flag as device arrays: a numpy bool would be a device_put a step
         put = (lambda x: jax.device_put(x, self._device)) if self._device else jnp.asarray
@@ -337,13 +357,13 @@ class Module:
             def train_step(trained, grads, rest, inputs, reset):
                 packed = PackedState.from_buffers(static, trained=trained, grads=grads,
                                                   rest=rest)
-                outs, new = core.train_step(packed.unpack(), inputs, reset)
+                outs, new = core.train_step(packed.unpack(self._taken), inputs, reset)
                 return outs, packed.layout.pack(new.grads)
             return jax.jit(train_step, donate_argnums=1, **self._place)
 
         def eval_step(trained, rest, inputs):
             packed = PackedState.from_buffers(static, trained=trained, rest=rest)
-            return core.eval_step(packed.unpack(), inputs)
+            return core.eval_step(packed.unpack(self._taken), inputs)
         return jax.jit(eval_step, **self._place)
 
     def __call__(self, *user_inputs):

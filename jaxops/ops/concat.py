@@ -26,7 +26,8 @@ from jaxops.reference import concat as ref
 
 _MS = "com.microsoft"
 
-_DTYPES = tuple(np.dtype(d) for d in (
+# what the byte-moving kernels take (ffi/include/jaxops/checks.h's kWholeByteTypes has more)
+BYTE_DTYPES = tuple(np.dtype(d) for d in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
     jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_))
 
@@ -39,7 +40,7 @@ def _check_axis(axis, ndim):
 
 
 def _check_dtype(x, label):
-    if np.dtype(x.dtype) not in _DTYPES:
+    if np.dtype(x.dtype) not in BYTE_DTYPES:
         raise TypeError(f"{label} has unsupported dtype {x.dtype} (floats, ints, bool)")
 
 

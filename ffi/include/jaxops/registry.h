@@ -41,12 +41,12 @@ inline constexpr const char* kTargets[] = {
     "jaxops_softmax_grad", "jaxops_log_softmax_grad",                       // softmax
 };
 // Targets of the CPU extension alone: a CPU path with no CUDA counterpart (on a GPU the
-// convolution stays XLA's).
-inline constexpr const char* kCpuTargets[] = {"jaxops_conv_nhwc"};
+// convolution and the range copies stay XLA's).
+inline constexpr const char* kCpuTargets[] = {"jaxops_conv_nhwc", "jaxops_take_ranges"};
 
 // The op families, each a namespace jaxops::<family> with one file per platform.
 #define JAXOPS_FAMILIES(X) X(concat) X(gather) X(gist) X(loss) X(norm) X(optim) X(softmax)
-#define JAXOPS_CPU_FAMILIES(X) X(conv)
+#define JAXOPS_CPU_FAMILIES(X) X(conv) X(ranges)
 
 #define JAXOPS_DECLARE_FAMILY(family) \
   namespace family { void register_handlers(Registry& r); }

@@ -19,7 +19,7 @@ import jax
 
 from jaxops._src.compat import backends_started
 
-__all__ = ["configure_cpu"]
+__all__ = ["configure_cpu", "cpu_device"]
 
 _SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
 # jax releases whose XLA knows the flag (an XLA that does not aborts on an unknown XLA_FLAGS
@@ -45,9 +45,16 @@ def _prefer_memory_scheduler() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} {_SCHEDULER_FLAG}=false".strip()
 
 
-def xla_threads() -> int:
-    """XLA:CPU's intra-op threads in this process: `PJRT_NPROC` where set (configure_cpu sets
-    it), else one a core this process may run on."""
+_CLIENTS: dict[int, object] = {}  # cpu_device's clients, one a thread count
+
+
+def xla_threads(device: jax.Device | None = None) -> int:
+    """XLA:CPU's intra-op threads for `device`: cpu_device's count for its devices; else (jax's
+    default client) `PJRT_NPROC` where set (configure_cpu sets it), else one a core this
+    process may run on."""
+    for threads, client in _CLIENTS.items():
+        if device is not None and device.client is client:
+            return threads
     try:
         return max(1, int(os.environ["PJRT_NPROC"]))
     except (KeyError, ValueError):
@@ -55,6 +62,36 @@ def xla_threads() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def _check_threads(fn: str, threads) -> int:
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"{fn}: threads must be an int >= 1, got {threads!r}")
+    return threads
+
+
+def cpu_device(threads: int) -> jax.Device:
+    """A CPU device of an XLA:CPU client of its own with `threads` intra-op threads (one: each
+    call runs on the calling thread, no async dispatch), made once a count: ORT's per-session
+    `intra_op_num_threads` for one Module (pass it as `device`, or the session_options), at
+    any time, jax's default CPU client left as it is. Arrays on it are on another client than
+    jax's default device's: move them (`jax.device_put`) to combine them with arrays placed
+    there. XLA's flags stay the process's (configure_cpu's scheduler choice needs XLA_FLAGS
+    before jax starts)."""
+    _check_threads("cpu_device", threads)
+    if threads not in _CLIENTS:
+        from jax._src.lib import xla_client
+
+        saved = os.environ.get("PJRT_NPROC")
+        os.environ["PJRT_NPROC"] = str(threads)  # read as the client is made
+        try:
+            _CLIENTS[threads] = xla_client.make_cpu_client(asynchronous=threads > 1)
+        finally:
+            if saved is None:
+                del os.environ["PJRT_NPROC"]
+            else:
+                os.environ["PJRT_NPROC"] = saved
+    return _CLIENTS[threads].devices()[0]
 
 
 def configure_cpu(threads: int | None = None) -> None:
@@ -72,8 +109,7 @@ def configure_cpu(threads: int | None = None) -> None:
     """
     if threads is None:
         return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"configure_cpu: threads must be an int >= 1, got {threads!r}")
+    _check_threads("configure_cpu", threads)
     if backends_started():
         raise RuntimeError(
             "configure_cpu: jax's backends have already started (a jax computation, "

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -73,11 +74,51 @@ def _module(options):
                   str(_ARTIFACTS / "eval_model.onnx"), None, options)  # jax's default device
 
 
-def test_session_options_after_the_backends_started_warn_and_train():
-    with pytest.warns(RuntimeWarning, match=r"configure_cpu\(threads=1\)"):
-        module = _module(SimpleNamespace(intra_op_num_threads=1))
+def test_session_options_give_the_module_a_client_of_its_own():
+    """ORT's intra_op_num_threads, after jax started (loading the checkpoint starts it): the
+    Module's state and steps on jaxops.cpu_device(n), one client a count; values as on jax's
+    default device."""
+    from jaxops.cpu import xla_threads
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one = _module(SimpleNamespace(intra_op_num_threads=1))
+    assert one._device is jaxops.cpu_device(1)
+    assert one._device.client is not jax.devices("cpu")[0].client
+    assert _module(SimpleNamespace(intra_op_num_threads=1))._device is one._device
+    three = _module(SimpleNamespace(intra_op_num_threads=3))
+    assert three._device.client not in (one._device.client, jax.devices("cpu")[0].client)
+    assert xla_threads(one._device) == 1 and xla_threads(three._device) == 3
+    default = _module(None)
     data = np.load(_ARTIFACTS / "data.npz")
-    assert np.isfinite(float(module(data["inputs"][0], data["labels"][0])))
+    for m in (one, three, default):
+        m.eval()
+    x, y = data["inputs"][0], data["labels"][0]
+    want = np.asarray(default(x, y))
+    for m in (one, three):
+        got = m(x, y)
+        assert got.devices() == {m._device}
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    one.train()
+    assert np.isfinite(float(one(x, y)))
+    params = one.state.train_state.params
+    assert all(x.devices() == {one._device} for x in params.values())
+
+
+def test_cpu_device_runs_calls_on_the_calling_thread():
+    """threads=1: no async dispatch, so a call's result is ready when it returns."""
+    dev = jaxops.cpu_device(1)
+    x = jax.device_put(np.ones((256, 256), np.float32), dev)
+    f = jax.jit(lambda x: jnp.tanh(x @ x) @ x)
+    assert all(f(x).is_ready() for _ in range(20))
+    np.testing.assert_allclose(np.asarray(f(x)), np.full((256, 256), 256 * np.tanh(256.0)),
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [0, -2, 1.0, True, "2"])
+def test_cpu_device_bad_counts_are_clear_errors(threads):
+    with pytest.raises(ValueError, match="cpu_device: threads"):
+        jaxops.cpu_device(threads)
 
 
 def test_default_session_options_say_nothing():
@@ -103,8 +144,10 @@ def test_session_options_configured_first_are_quiet():
         from types import SimpleNamespace
         from jaxops.onnx.training import CheckpointState, Module
         state = CheckpointState.load_checkpoint({str(_ARTIFACTS / "checkpoint")!r})
-        Module({str(_ARTIFACTS / "training_model.onnx")!r}, state, None, "cpu",
-               SimpleNamespace(intra_op_num_threads=1))
+        m = Module({str(_ARTIFACTS / "training_model.onnx")!r}, state, None, "cpu",
+                   SimpleNamespace(intra_op_num_threads=1))
+        import jax
+        assert m._device is jax.devices("cpu")[0]  # the process's client already runs one
         print("ok")
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
@@ -121,8 +164,7 @@ def test_ort_session_options_themselves():
         warnings.simplefilter("error")
         _module(options)  # ORT's default: 0, every core
     options.intra_op_num_threads = 1
-    with pytest.warns(RuntimeWarning, match=r"configure_cpu\(threads=1\)"):
-        _module(options)
+    assert _module(options)._device is jaxops.cpu_device(1)
 
 
 _SCHEDULE = textwrap.dedent("""

@@ -94,7 +94,8 @@ def test_partial_moments_stay_by_name():
 
 def _session(optimizer_model=MLP / "optimizer_model.onnx", eval_model=None):
     state = CheckpointState.load_checkpoint(MLP / "checkpoint")
-    module = Module(MLP / "training_model.onnx", state, eval_model)
+    # (a jax.Device: the Module stays there, its steps traced once each)
+    module = Module(MLP / "training_model.onnx", state, eval_model, jax.devices()[0])
     optimizer = Optimizer(optimizer_model, module)
     optimizer.set_learning_rate(LR)
     return state, module, optimizer
@@ -339,11 +340,11 @@ CORPUS = Path(__file__).parent / "data" / "corpus"
 def _corpus_session(name, threads, monkeypatch):
     import jaxops.onnx.training as training
 
-    monkeypatch.setattr(training, "xla_threads", lambda: threads)
+    monkeypatch.setattr(training, "xla_threads", lambda device=None: threads)
     d = CORPUS / name
     state = CheckpointState.load_checkpoint(d / "checkpoint")
     module = Module(str(d / "training_model.onnx"), state, str(d / "eval_model.onnx"),
-                    device=jax.devices()[0].platform)
+                    device=jax.devices()[0])  # a jax.Device: the Module stays there
     return state, module, Optimizer(str(d / "optimizer_model.onnx"), module)
 
 

@@ -1,5 +1,6 @@
-"""Module's device: JAX's default device unless asked, ORT's names ('cpu', 'cuda', 'cuda:N') or
-a jax.Device otherwise, and a clear error for a device this JAX does not have."""
+"""Module's device: JAX's default device unless asked (on a CPU with XLA's threads, a small
+model's Module moves to a one-thread client at its first call), ORT's names ('cpu', 'cuda',
+'cuda:N') or a jax.Device otherwise, and a clear error for a device this JAX does not have."""
 from pathlib import Path
 
 import jax
@@ -7,6 +8,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
+import jaxops  # noqa: E402
+from jaxops.cpu import xla_threads  # noqa: E402
+from jaxops.onnx import training  # noqa: E402
 from jaxops.onnx.training import CheckpointState, Module  # noqa: E402
 
 MLP = Path(__file__).parent / "data" / "mlp"
@@ -22,12 +26,71 @@ def _devices(state):
             for d in p.devices()}
 
 
+def _moves():
+    """Whether a default-placed small Module moves to cpu_device(1) at its first call."""
+    return jax.default_backend() == "cpu" and xla_threads() > 1
+
+
 def test_default_is_jax_default_device():
     state, module = _module()
     data = np.load(MLP / "data.npz")
     loss = module(data["inputs"][0], data["labels"][0])
-    assert loss.devices() == {jax.devices()[0]}
-    assert _devices(state) == {jax.devices()[0]}
+    want = jaxops.cpu_device(1) if _moves() else jax.devices()[0]
+    assert loss.devices() == {want}
+    assert _devices(state) == {want}
+
+
+@pytest.mark.parametrize("device", [None, "cpu", "CPU"])
+@pytest.mark.parametrize("eval_first", [False, True])
+def test_small_default_placed_module_moves_to_one_thread(device, eval_first):
+    """A small model's Module on jax's default CPU client (XLA's threads) moves to
+    cpu_device(1) at its first call, train or eval; values as where it was."""
+    if not _moves():
+        pytest.skip("the default client runs one thread (or no CPU default)")
+    data = np.load(MLP / "data.npz")
+    x, y = data["inputs"][0], data["labels"][0]
+    state, module = _module(device=device, eval_model_uri=MLP / "eval_model.onnx")
+    _, staying = _module(device=jax.devices()[0], eval_model_uri=MLP / "eval_model.onnx")
+    assert _devices(state) == {jax.devices()[0]}  # not before its first call
+    for m in (module, staying):
+        m.train(not eval_first)
+    got, want = module(x, y), staying(x, y)
+    assert _devices(state) == {jaxops.cpu_device(1)} and got.devices() == {jaxops.cpu_device(1)}
+    assert staying._device is jax.devices()[0] and want.devices() == {jax.devices()[0]}
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    for m in (module, staying):
+        m.train()
+    for _ in range(2):
+        np.testing.assert_allclose(float(module(x, y)), float(staying(x, y)), rtol=1e-6)
+
+
+def test_what_keeps_a_module_where_it_is(monkeypatch):
+    """No move: an explicit device, a step above SMALL_FLOPS, an optimizer step before the
+    module's first call, a default client of one thread."""
+    if not _moves():
+        pytest.skip("the default client runs one thread (or no CPU default)")
+    from jaxops.onnx.training import Optimizer
+
+    data = np.load(MLP / "data.npz")
+    x, y = data["inputs"][0], data["labels"][0]
+    home = jax.devices()[0]
+    for device in (home, f"cpu:{home.id}"):
+        state, module = _module(device=device)
+        module(x, y)
+        assert _devices(state) == {home}
+    state, module = _module()
+    Optimizer(MLP / "optimizer_model.onnx", module).step()
+    module(x, y)
+    assert _devices(state) == {home}
+    with monkeypatch.context() as m:
+        m.setattr(training, "SMALL_FLOPS", 0)
+        state, module = _module()
+        module(x, y)
+        assert _devices(state) == {home}
+    monkeypatch.setattr(training, "xla_threads", lambda device=None: 1)
+    state, module = _module()
+    module(x, y)
+    assert _devices(state) == {home}
 
 
 def test_ort_device_name():

@@ -33,17 +33,16 @@ loop of steps, as one jitted function: `train_core.Trainer(module.core, optimize
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import MutableMapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.cpu import configure_cpu, xla_threads
+from jaxops.cpu import cpu_device, xla_threads
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
-from jaxops.onnx.program import polls, wait_polling
+from jaxops.onnx.program import POLL_MAX_FLOPS, polls, wait_polling
 from jaxops.onnx.train_core import GROUP, OptimizerModel, TrainingModel, TrainState
 
 
@@ -212,7 +211,7 @@ def _taken_matrices(core, state, device) -> frozenset[str]:
     (jaxops/ops/ranges.py); a Gather's table stays a slice, which XLA fuses into the Gather
     (a copy would be the whole table's)."""
     platform = device.platform if device is not None else jax.default_backend()
-    if platform != "cpu" or xla_threads() < 2:
+    if platform != "cpu" or xla_threads(device) < 2:
         return frozenset()
     gathered = {n.input[0] for p in (core.program, core.eval_program) if p is not None
                 for n in p.model.graph.node if n.op_type in _GATHERS and n.input}
@@ -274,22 +273,26 @@ class _Steps:
         return fn
 
 
-def _apply_session_options(options) -> None:
-    """ORT's intra_op_num_threads as XLA:CPU's thread count (Module's session_options)."""
+# A step this small (XLA's cost analysis; the corpus's are 0.8-16 MFLOP, ResNet's 220-560:
+# jaxops/onnx/program.py's POLL_MAX_FLOPS) runs faster on one thread than with XLA's pool.
+SMALL_FLOPS = POLL_MAX_FLOPS
+
+
+def _session_device(options, device):
+    """The Module's device under ORT's session_options: a CPU device whose XLA runs
+    intra_op_num_threads threads (cpu_device), unless that is 0 (ORT's default, every core:
+    XLA's default client), the process already runs that many (configure_cpu before jax
+    started), or the Module runs off the CPU."""
     threads = getattr(options, "intra_op_num_threads", 0) if options is not None else 0
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
         raise ValueError(f"Module: session_options.intra_op_num_threads must be an int >= 0, "
                          f"got {threads!r}")
     if threads == 0 or os.environ.get("PJRT_NPROC") == str(threads):
-        return  # ORT's default (every core) is XLA's; or already so configured
-    try:
-        configure_cpu(threads)
-    except RuntimeError:  # jax's backends have started
-        warnings.warn(
-            f"Module: session_options.intra_op_num_threads={threads} does not take effect: "
-            "jax's backends have started (loading the checkpoint starts them), and XLA:CPU's "
-            f"threads are fixed then. Call jaxops.configure_cpu(threads={threads}) first, right "
-            "after the imports", RuntimeWarning, stacklevel=3)
+        return device
+    resolved = _device(device)
+    if (resolved.platform if resolved is not None else jax.default_backend()) != "cpu":
+        return device
+    return cpu_device(threads)
 
 
 class Module:
@@ -310,10 +313,11 @@ class Module:
       and eval graphs; parameters, gradients and the optimizer stay float32): see
       `jaxops.onnx.load`.
     session_options: ORT's argument (an `onnxruntime.SessionOptions` or anything with an
-      `intra_op_num_threads`): a count above 0 is `jaxops.configure_cpu(threads=count)`,
-      which acts only before jax's backends start; loading the checkpoint starts them, so a
-      RuntimeWarning then says to call `jaxops.configure_cpu` first. Other options have no
-      XLA counterpart and are ignored.
+      `intra_op_num_threads`): on a CPU, a count above 0 places this Module's state and steps
+      on `jaxops.cpu_device(count)`, an XLA:CPU client of their own with that many threads
+      (one: each call on the calling thread), as an ORT session's own thread pool; jax's
+      default client and other Modules keep theirs. Other options have no XLA counterpart
+      and are ignored.
 
     state: the CheckpointState; core: the TrainingModel whose pure steps this calls.
     """
@@ -321,31 +325,59 @@ class Module:
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
                  device: str | jax.Device | None = None, session_options=None, *,
                  loss_fn=None, precision=None):
-        _apply_session_options(session_options)
         self.state = state
-        self._device = _device(device)
+        placed = _session_device(session_options, device)
+        # placed by default (None, or ORT's "cpu") on jax's default CPU client with XLA's
+        # threads, a Module whose step is small moves to a one-thread client of its own at
+        # its first call (_move_if_small)
+        self._may_move = ((device is None or str(device).lower() == "cpu") and placed is device
+                          and (_device(device) or jax.devices()[0]).platform == "cpu"
+                          and xla_threads() > 1)
         ts = state.train_state
-        if self._device is not None:
-            ts = jax.device_put(ts, self._device).replace(step=ts.step)
         self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn,
                                   precision=precision)
-        state.train_state = self.core.init(ts)
         self._reset = False  # gradients are zero already: accumulating into them is the same
         self._queued_small = True  # no train step queued, or only small ones (_Steps.call)
         self._training = True
         self._trained = tuple(self.core.trained)
+        self._use_device(_device(placed))
+        state.train_state = self.core.init(state.train_state)
+
+    def _use_device(self, device) -> None:
+        """Places the state and the steps on `device` (None: jax's default device)."""
+        self._device = device
+        if device is not None:
+            ts = self.state.train_state
+            moved = jax.device_put(ts, device)  # (a host step count stays on the host)
+            self.state.train_state = moved.replace(
+                step=moved.step if isinstance(ts.step, jax.Array) else ts.step)
         # With a device, the steps place their arguments there themselves: numpy inputs go
         # straight to it, arrays elsewhere move. A jax.device_put of the inputs first cost
         # 90-170 us a step on a CPU (gpt2_ts, one core), more than the eval step's program.
         self._place = {}
-        if self._device is not None:
-            on = jax.sharding.SingleDeviceSharding(self._device)
+        if device is not None:
+            on = jax.sharding.SingleDeviceSharding(device)
             self._place = dict(in_shardings=on, out_shardings=on)
-        self._taken = _taken_matrices(self.core, ts, self._device)
+        self._taken = _taken_matrices(self.core, self.state.train_state, device)
         self._steps = _Steps(self._make_step)
         # lazy_reset_grad's flag as device arrays: a numpy bool would be a device_put a step
-        put = (lambda x: jax.device_put(x, self._device)) if self._device else jnp.asarray
+        put = (lambda x: jax.device_put(x, device)) if device else jnp.asarray
         self._flags = (put(np.bool_(False)), put(np.bool_(True)))
+
+    def _move_if_small(self, kind, packed, args) -> bool:
+        """At the first call of a Module that may move (__init__): a step of at most
+        SMALL_FLOPS by XLA's cost analysis moves the Module to `cpu_device(1)`, as ORT's
+        `intra_op_num_threads=1` would run it. XLA:CPU's thread pool costs such steps more in
+        hand-offs between threads than it gains (docs/training.md, "Small models on a CPU").
+        Returns whether it moved."""
+        self._may_move = False
+        cost = self._steps.get(kind, packed).lower(*args).cost_analysis() or {}
+        if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+            cost = cost[0] if len(cost) == 1 else {}
+        if not 0 <= cost.get("flops", -1.0) <= SMALL_FLOPS:
+            return False
+        self._use_device(cpu_device(1))
+        return True
 
     def _make_step(self, kind, static):
         """The jitted step `kind` for the packed state's layouts `static`, closed over: as a
@@ -377,6 +409,11 @@ class Module:
         # jit takes numpy and jax arrays as they are (jnp.asarray would cost a dispatch each)
         inputs = [x if isinstance(x, jax.Array) else np.asarray(x) for x in user_inputs]
         packed = self.state._packed_state(self._trained)
+        if self._may_move and self._move_if_small(
+                "train" if training else "eval", packed,
+                (packed.trained, packed.grads, packed.rest, inputs, self._flags[self._reset])
+                if training else (packed.trained, packed.rest, inputs)):
+            packed = self.state._packed_state(self._trained)
         # the steps read neither the moments nor the step count, and eval no gradients: left
         # out, they cost no dispatch (and the count stays on the host)
         if training:
@@ -487,6 +524,8 @@ class Optimizer:
     def step(self) -> None:
         """One update of every trainable parameter from its accumulated gradient."""
         state = self.module.state
+        # (a step before the module's first call: the module stays where the moments are)
+        self.module._may_move = False
         p = state._packed_state(self.module._trained)
         host, device = self._count
         step = device if p.step is host else p.step  # `is`: the count this class set

@@ -14,6 +14,7 @@ pytest.importorskip("onnx")
 from onnx import TensorProto, helper
 from onnx_build import model, vi
 
+import jaxops
 from jaxops.onnx import load, program
 from jaxops.onnx.training import CheckpointState, Module, Optimizer
 
@@ -67,13 +68,19 @@ def _add_one():
 
 
 @pytest.mark.skipif(not CPU, reason="polling is for CPU programs")
-def test_program_jit_polls_small_forwards(patient):
+def test_program_jit_polls_small_forwards(patient, monkeypatch):
     p = load(_add_one())
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     forward = p.jit()
     assert isinstance(forward, program.PollingJit) and forward._polls is None
+    monkeypatch.setattr(program, "xla_threads", lambda device=None: 1)  # stays (_moves below)
+    y = p.jit()(x)
+    monkeypatch.undo()
+    moves = MULTICORE and program.xla_threads() > 1
     y = forward(x)
-    assert forward._polls is MULTICORE and y.is_ready()
+    # a small program moves to cpu_device(1) (where results are ready on return), or polls
+    assert forward._polls is (MULTICORE and not moves) and y.is_ready()
+    assert y.devices() == {jaxops.cpu_device(1) if moves else jax.devices()[0]}
     np.testing.assert_array_equal(y, x + 1)
     # the jitted function's own attributes, and transformations of the wrapper
     assert len(jax.tree_util.tree_leaves(forward.lower(x).args_info)) == 1
@@ -81,6 +88,31 @@ def test_program_jit_polls_small_forwards(patient):
     np.testing.assert_array_equal(jax.jit(fresh)(x), x + 1)
     np.testing.assert_array_equal(jax.vmap(fresh)(np.stack([x, x])), np.stack([x, x]) + 1)
     assert fresh._polls is None  # traced only: decided at a real call
+
+
+@pytest.mark.skipif(not CPU or not MULTICORE, reason="a CPU with XLA's threads")
+def test_program_jit_moves_small_forwards_to_one_thread(monkeypatch):
+    """program.jit() of a small forward with its params on jax's default device runs on
+    cpu_device(1) from its first call, inputs placed elsewhere moved there; a larger one
+    stays."""
+    if program.xla_threads() < 2:
+        pytest.skip("the default client runs one thread")
+    p = load(_add_one())
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    one, home = jaxops.cpu_device(1), jax.devices()[0]
+    forward = p.jit()
+    assert [forward(x).devices() for _ in range(2)] == [{one}, {one}]
+    np.testing.assert_array_equal(forward(x), x + 1)
+    np.testing.assert_array_equal(forward(x=jax.device_put(x, home)), x + 1)
+    monkeypatch.setattr(program, "POLL_MAX_FLOPS", 0)
+    assert p.jit()(x).devices() == {home}
+    # which params may move: host ones and those on jax's default device, not others
+    arr = np.ones(300, np.float32)
+    assert program.may_move({"a": arr, "b": jax.device_put(arr, home)})
+    if len(jax.devices()) > 1:
+        assert not program.may_move({"a": jax.device_put(arr, jax.devices()[1])})
+    monkeypatch.setattr(program, "xla_threads", lambda device=None: 1)
+    assert not program.may_move({"a": arr})
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("onnx")
 import jaxops  # noqa: E402
 from jaxops.cpu import xla_threads  # noqa: E402
-from jaxops.onnx import training  # noqa: E402
+from jaxops.onnx import program, training  # noqa: E402
 from jaxops.onnx.training import CheckpointState, Module  # noqa: E402
 
 MLP = Path(__file__).parent / "data" / "mlp"
@@ -87,7 +87,7 @@ def test_what_keeps_a_module_where_it_is(monkeypatch):
         state, module = _module()
         module(x, y)
         assert _devices(state) == {home}
-    monkeypatch.setattr(training, "xla_threads", lambda device=None: 1)
+    monkeypatch.setattr(program, "xla_threads", lambda device=None: 1)
     state, module = _module()
     module(x, y)
     assert _devices(state) == {home}

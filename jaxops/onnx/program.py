@@ -31,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from jaxops._src.disable import disabled, routed_to_xla
+from jaxops.cpu import cpu_device, xla_threads
 from jaxops.onnx import functions, registry, signature
 from jaxops.onnx import precision as _precision
 from jaxops.onnx.errors import OnnxImportError
@@ -87,6 +88,15 @@ POLL_MAX_BYTES = 2 ** 25
 POLL_SECONDS = 0.01
 
 
+def cost(stage) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) of a `jax.stages.Lowered` or `Compiled` by XLA's cost analysis
+    (-1 where it gives none)."""
+    c = stage.cost_analysis() or {}
+    if isinstance(c, (list, tuple)):  # older jax: one dict per program
+        c = c[0] if len(c) == 1 else {}
+    return c.get("flops", -1.0), c.get("bytes accessed", -1.0)
+
+
 def polls(compiled) -> bool:
     """Whether calls of `compiled` (a `jax.stages.Compiled`) wait for their results by polling
     (`wait_polling`): a program on CPU devices only, at most POLL_MAX_FLOPS and POLL_MAX_BYTES
@@ -97,11 +107,19 @@ def polls(compiled) -> bool:
                for d in s.device_set]
     if not devices or any(d.platform != "cpu" for d in devices):
         return False
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
-        cost = cost[0] if len(cost) == 1 else {}
-    flops, moved = cost.get("flops", -1.0), cost.get("bytes accessed", -1.0)
+    flops, moved = cost(compiled)
     return 0 <= flops <= POLL_MAX_FLOPS and 0 <= moved <= POLL_MAX_BYTES
+
+
+def may_move(arrays) -> bool:
+    """Whether a program of `arrays` (its parameters) may move to `cpu_device(1)` when small:
+    they are on jax's default device (or host arrays), a CPU whose XLA runs more than one
+    thread. XLA:CPU's pool costs small programs more in hand-offs between threads than it
+    gains (docs/training.md, "Small models on a CPU")."""
+    home = jax.devices()[0]
+    return (home.platform == "cpu" and xla_threads() > 1
+            and all(x.devices() == {home} for x in jax.tree_util.tree_leaves(arrays)
+                    if isinstance(x, jax.Array)))
 
 
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -127,22 +145,38 @@ def wait_polling(outs, seconds: float | None = None) -> None:
 
 class PollingJit:
     """A jitted function whose calls wait for their results by polling where its program is
-    small (`polls`, decided at the first call). Other attributes (`lower`, `trace`, ...) are the
-    jitted function's."""
+    small (`polls`, decided at the first call). `move`, where given, makes the same function on
+    `cpu_device(1)`: a program of at most POLL_MAX_FLOPS then runs there from its first call
+    on (`may_move`). Other attributes (`lower`, `trace`, ...) are the jitted function's."""
 
-    def __init__(self, fn):
-        self._fn, self._polls = fn, None
+    def __init__(self, fn, move=None):
+        self._fn, self._polls, self._move = fn, None, move
+        self._device = None  # where a moved program runs: arrays given from elsewhere go there
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
+        if self._device is not None:
+            args, kwargs = jax.tree_util.tree_map(self._onto, (args, kwargs))
         out = self._fn(*args, **kwargs)
         if self._polls is None:
             if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
                 return out  # under a transformation: nothing runs now
-            self._polls = polls(self._fn.lower(*args, **kwargs).compile())  # cached: ~1 ms
+            compiled = self._fn.lower(*args, **kwargs).compile()  # cached: ~1 ms
+            if self._move is not None and 0 <= cost(compiled)[0] <= POLL_MAX_FLOPS:
+                self._fn, self._device = self._move()
+                self.__wrapped__, self._polls = self._fn, False  # one thread: ready on return
+                return self(*args, **kwargs)
+            self._polls = polls(compiled)
+            self._move = None
         if self._polls:
             wait_polling(out)
         return out
+
+    def _onto(self, x):
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) \
+                and x.devices() != {self._device}:
+            return jax.device_put(x, self._device)
+        return x
 
     def __getattr__(self, name):
         return getattr(self._fn, name)
@@ -547,16 +581,25 @@ class Program:
         `jax.jit(program)(program.params, x)` with its 62 params as arguments, and 0.15 ms
         with them packed into one buffer per dtype (slicing the weights back out costs more
         than it saves). Each `jit()` compiles anew; for params that change between calls
-        (training, fine-tuning) use `jax.jit(program)(params, x)`. On a CPU, a call of a small
-        forward returns when its outputs are ready (`PollingJit`: polling, not sleeping, spares
-        the cross-core wakes of async dispatch)."""
+        (training, fine-tuning) use `jax.jit(program)(params, x)`. On a CPU, a small forward
+        (at most POLL_MAX_FLOPS) with its params on jax's default device moves at its first
+        call to `jaxops.cpu_device(1)`, a one-thread XLA client where each call runs on the
+        calling thread (its outputs live there); other small ones return when their outputs
+        are ready (`PollingJit`: polling, not sleeping, spares the cross-core wakes of async
+        dispatch)."""
         params = self.params if params is None else params
         self._check_params(params)
         params = _on_device(params)
 
-        def forward(*args, **kwargs):
-            return self(params, *args, **kwargs)
-        return PollingJit(jax.jit(forward))
+        def jitted(params, **placed):
+            return jax.jit(lambda *args, **kwargs: self(params, *args, **kwargs), **placed)
+
+        def move():  # (the outputs' sharding places the program, numpy params included)
+            one = cpu_device(1)
+            params_one = {k: jax.device_put(v, one) if isinstance(v, jax.Array) else v
+                          for k, v in params.items()}
+            return jitted(params_one, out_shardings=jax.sharding.SingleDeviceSharding(one)), one
+        return PollingJit(jitted(params), move if may_move(params) else None)
 
     def _check_params(self, params) -> None:
         names = self.input_names

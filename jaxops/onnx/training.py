@@ -42,7 +42,7 @@ import numpy as np
 from jaxops.cpu import cpu_device, xla_threads
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
-from jaxops.onnx.program import POLL_MAX_FLOPS, polls, wait_polling
+from jaxops.onnx.program import POLL_MAX_FLOPS, cost, may_move, polls, wait_polling
 from jaxops.onnx.train_core import GROUP, OptimizerModel, TrainingModel, TrainState
 
 
@@ -330,10 +330,9 @@ class Module:
         # placed by default (None, or ORT's "cpu") on jax's default CPU client with XLA's
         # threads, a Module whose step is small moves to a one-thread client of its own at
         # its first call (_move_if_small)
-        self._may_move = ((device is None or str(device).lower() == "cpu") and placed is device
-                          and (_device(device) or jax.devices()[0]).platform == "cpu"
-                          and xla_threads() > 1)
         ts = state.train_state
+        self._may_move = ((device is None or str(device).lower() == "cpu") and placed is device
+                          and may_move(ts))
         self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn,
                                   precision=precision)
         self._reset = False  # gradients are zero already: accumulating into them is the same
@@ -371,10 +370,7 @@ class Module:
         hand-offs between threads than it gains (docs/training.md, "Small models on a CPU").
         Returns whether it moved."""
         self._may_move = False
-        cost = self._steps.get(kind, packed).lower(*args).cost_analysis() or {}
-        if isinstance(cost, (list, tuple)):  # older jax: one dict per program
-            cost = cost[0] if len(cost) == 1 else {}
-        if not 0 <= cost.get("flops", -1.0) <= SMALL_FLOPS:
+        if not 0 <= cost(self._steps.get(kind, packed).lower(*args))[0] <= SMALL_FLOPS:
             return False
         self._use_device(cpu_device(1))
         return True

@@ -30,10 +30,13 @@ ms alone, ORT's 0.09-0.10 either way; 2026-11-28, one run each):
        intra_op_parallelism_threads=1 jax 0.12 still ran
        a 2048x2048 matmul, a conv and an elementwise op at 1.8-2.0 CPU seconds per wall
        second on 2 cores (measured 2026-11-24), bound to one core at 1.0.
-  all  both libraries' defaults (every core the process may use).
-  all1 every core for the process, ORT at its defaults, jaxops configured for small models:
-       jaxops.configure_cpu(threads=1) (one XLA:CPU intra-op thread, each call run on the
-       calling thread), what docs/training.md recommends for such models.
+  all  both libraries' defaults (every core the process may use): jaxops' Module, placed on
+       "cpu", moves itself to jaxops.cpu_device(1) (a one-thread XLA:CPU client) at its first
+       call where its step is small (all of the corpus but ResNet), and program.jit()'s
+       forward likewise.
+  all1 every core for the process, ORT at its defaults, jaxops.configure_cpu(threads=1) (jax's
+       default client with one XLA:CPU intra-op thread, each call run on the calling thread,
+       and XLA's memory-minimizing scheduler).
 The table's cpu/wall columns (CPU time of the process per wall second while timing each side)
 show the threading each side really had.
 

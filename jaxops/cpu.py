@@ -1,12 +1,15 @@
-"""How XLA:CPU runs jaxops' programs: `configure_cpu(threads=1)` for small models.
+"""How XLA:CPU runs jaxops' programs: one thread for small models.
 
 XLA:CPU runs a jitted call on its own execute thread (async dispatch) and spreads a program's
 independent operations and large kernels over an intra-op pool of one thread a core. For the
 small models ORT's training API is used with on CPUs (steps of 0.1-0.5 ms), those hand-offs
 cost more than they bring: every call wakes threads on other cores, which on a VM whose idle
-vCPUs halt costs tens of microseconds each. ORT's `intra_op_num_threads=1` has an XLA
-counterpart, with two differences: it is process-wide (XLA's CPU client is one per process) and
-it must be set before jax starts its backends (the client reads it when it is created).
+vCPUs halt costs tens of microseconds each. ORT's `intra_op_num_threads` has two XLA
+counterparts: `cpu_device(threads)`, a device of an XLA:CPU client of its own (per Module, at
+any time: the ORT-API mirror's Module uses it for session_options and moves a small model to
+`cpu_device(1)` by itself), and `configure_cpu(threads)`, which sets jax's default client for
+the whole process and must run before jax starts its backends (the client reads it when it is
+created), with XLA's memory-minimizing scheduler (XLA's flags are per process too).
 
 What it gains on the real-model corpus: docs/training.md, "Small models on a CPU" (the
 measured counts, kept there only).

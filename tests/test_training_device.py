@@ -11,7 +11,7 @@ pytest.importorskip("onnx")
 import jaxops  # noqa: E402
 from jaxops.cpu import xla_threads  # noqa: E402
 from jaxops.onnx import program, training  # noqa: E402
-from jaxops.onnx.training import CheckpointState, Module  # noqa: E402
+from jaxops.onnx.training import CheckpointState, Module, Optimizer  # noqa: E402
 
 MLP = Path(__file__).parent / "data" / "mlp"
 
@@ -44,7 +44,8 @@ def test_default_is_jax_default_device():
 @pytest.mark.parametrize("eval_first", [False, True])
 def test_small_default_placed_module_moves_to_one_thread(device, eval_first):
     """A small model's Module on jax's default CPU client (XLA's threads) moves to
-    cpu_device(1) at its first call, train or eval; values as where it was."""
+    cpu_device(1) at its first call, train or eval; values as where it was, its optimizer's
+    steps too."""
     if not _moves():
         pytest.skip("the default client runs one thread (or no CPU default)")
     data = np.load(MLP / "data.npz")
@@ -58,10 +59,15 @@ def test_small_default_placed_module_moves_to_one_thread(device, eval_first):
     assert _devices(state) == {jaxops.cpu_device(1)} and got.devices() == {jaxops.cpu_device(1)}
     assert staying._device is jax.devices()[0] and want.devices() == {jax.devices()[0]}
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    steps = [Optimizer(MLP / "optimizer_model.onnx", m) for m in (module, staying)]
     for m in (module, staying):
         m.train()
-    for _ in range(2):
-        np.testing.assert_allclose(float(module(x, y)), float(staying(x, y)), rtol=1e-6)
+    for _ in range(3):  # the optimizer steps where the moved Module's state now is
+        np.testing.assert_allclose(float(module(x, y)), float(staying(x, y)), rtol=1e-5)
+        for m, opt in zip((module, staying), steps):
+            opt.step()
+            m.lazy_reset_grad()
+    assert _devices(state) == {jaxops.cpu_device(1)}
 
 
 def test_what_keeps_a_module_where_it_is(monkeypatch):
@@ -69,8 +75,6 @@ def test_what_keeps_a_module_where_it_is(monkeypatch):
     module's first call, a default client of one thread."""
     if not _moves():
         pytest.skip("the default client runs one thread (or no CPU default)")
-    from jaxops.onnx.training import Optimizer
-
     data = np.load(MLP / "data.npz")
     x, y = data["inputs"][0], data["labels"][0]
     home = jax.devices()[0]

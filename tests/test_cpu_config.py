@@ -67,13 +67,22 @@ def test_bad_thread_counts_are_clear_errors(threads):
 _ARTIFACTS = Path(__file__).resolve().parent / "data" / "mlp"
 
 
-def _module(options):
+@pytest.fixture
+def needs_cpu():
+    try:  # in the test, not at collection: that would start jax's backends
+        jax.devices("cpu")
+    except RuntimeError:  # JAX_PLATFORMS=cuda
+        pytest.skip("jax has no CPU backend here")
+
+
+def _module(options, device="cpu"):
     from jaxops.onnx.training import CheckpointState, Module
     state = CheckpointState.load_checkpoint(_ARTIFACTS / "checkpoint")
     return Module(str(_ARTIFACTS / "training_model.onnx"), state,
-                  str(_ARTIFACTS / "eval_model.onnx"), None, options)  # jax's default device
+                  str(_ARTIFACTS / "eval_model.onnx"), device, options)
 
 
+@pytest.mark.usefixtures("needs_cpu")
 def test_session_options_give_the_module_a_client_of_its_own():
     """ORT's intra_op_num_threads, after jax started (loading the checkpoint starts it): the
     Module's state and steps on jaxops.cpu_device(n), one client a count; values as on jax's
@@ -89,7 +98,7 @@ def test_session_options_give_the_module_a_client_of_its_own():
     three = _module(SimpleNamespace(intra_op_num_threads=3))
     assert three._device.client not in (one._device.client, jax.devices("cpu")[0].client)
     assert xla_threads(one._device) == 1 and xla_threads(three._device) == 3
-    default = _module(None)
+    default = _module(None, device=jax.devices("cpu")[0])  # stays on jax's CPU client
     data = np.load(_ARTIFACTS / "data.npz")
     for m in (one, three, default):
         m.eval()
@@ -121,6 +130,7 @@ def test_cpu_device_bad_counts_are_clear_errors(threads):
         jaxops.cpu_device(threads)
 
 
+@pytest.mark.usefixtures("needs_cpu")
 def test_default_session_options_say_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -128,6 +138,7 @@ def test_default_session_options_say_nothing():
         _module(None)
 
 
+@pytest.mark.usefixtures("needs_cpu")
 @pytest.mark.parametrize("threads", [-1, 1.5, "1"])
 def test_bad_session_options_are_clear_errors(threads):
     with pytest.raises(ValueError, match="intra_op_num_threads"):
@@ -156,6 +167,17 @@ def test_session_options_configured_first_are_quiet():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
+def test_session_options_leave_a_gpu_module_on_the_gpu():
+    """intra_op_num_threads sizes ORT's CPU pool: a Module on the GPU stays there."""
+    if jax.default_backend() == "cpu":
+        pytest.skip("needs a GPU as jax's default device")
+    module = _module(SimpleNamespace(intra_op_num_threads=1), device=None)
+    data = np.load(_ARTIFACTS / "data.npz")
+    loss = module(data["inputs"][0], data["labels"][0])
+    assert loss.devices() == {jax.devices()[0]}
+
+
+@pytest.mark.usefixtures("needs_cpu")
 @pytest.mark.ort
 def test_ort_session_options_themselves():
     ort = pytest.importorskip("onnxruntime")

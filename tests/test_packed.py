@@ -380,7 +380,7 @@ def test_matrices_come_out_in_one_call_where_xla_has_threads(monkeypatch):
     table = "inner.transformer.wte.weight"
     assert table in matrices and runs[1][0] == frozenset()
     assert taken == (matrices - {table, "inner.transformer.wpe.weight"} if on_cpu else frozenset())
-    assert len(taken) >= 4 and calls == int(on_cpu) and runs[1][3] == 0
+    assert (len(taken) >= 4 or not on_cpu) and calls == int(on_cpu) and runs[1][3] == 0
     np.testing.assert_allclose(losses, runs[1][1], rtol=1e-6)
     for a, b in zip(evals, runs[1][2]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

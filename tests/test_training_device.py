@@ -97,6 +97,21 @@ def test_what_keeps_a_module_where_it_is(monkeypatch):
     assert _devices(state) == {home}
 
 
+def test_an_eval_call_first_counts_three_times_its_cost(monkeypatch):
+    """The Module's place serves its train steps (a forward and a backward) too."""
+    if not _moves():
+        pytest.skip("the default client runs one thread (or no CPU default)")
+    data = np.load(MLP / "data.npz")
+    x, y = data["inputs"][0], data["labels"][0]
+    monkeypatch.setattr(training, "cost", lambda stage: (100.0, 0.0))
+    monkeypatch.setattr(training, "SMALL_FLOPS", 299)
+    for eval_first, there in ((False, jaxops.cpu_device(1)), (True, jax.devices()[0])):
+        state, module = _module(eval_model_uri=MLP / "eval_model.onnx")
+        module.train(not eval_first)
+        module(x, y)
+        assert _devices(state) == {there}, eval_first
+
+
 def test_ort_device_name():
     try:
         cpus = jax.devices("cpu")

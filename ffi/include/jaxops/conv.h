@@ -5,10 +5,13 @@
 // (DeepLabV3's 3-channel 7x7 stem ~60% of it); this is one pass that packs a block of MR
 // output pixels' patch rows (kernel rows are contiguous runs in NHWC) and multiplies them
 // by 16-channel panels of the weights in registers (a tile of FMAs: 6 pixels x 16 channels
-// on AVX2, 12 x 32 on AVX-512, picked at run time).
+// on AVX2, 12 x 32 on AVX-512, picked at run time). Where the pads cost much (a dilated 3x3
+// on a small map reads pads at most of its taps), the outputs go in bands of those whose taps
+// inside x are the same, and only those taps are computed.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -102,62 +105,68 @@ inline void pack_weights(const Geometry& g, const float* w, float* panels) {
     }
 }
 
-// The patch rows [tile_rows][KH * KW * C] of output pixels m0 .. m0 + rows - 1 (rows past the
-// end repeat m0); taps outside x are zero.
-template <class Copy>
-void pack_patches(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
-                  float* a) {
-  const int64_t run = g.kw * g.c;
-  for (int r = 0; r < tile_rows; ++r) {
-    float* row = a + r * g.patch();
-    const int64_t m = m0 + (r < rows ? r : 0);
-    const int64_t ox = m % g.ow, t = m / g.ow, oy = t % g.oh, b = t / g.oh;
-    const int64_t iy0 = oy * g.sh - g.ph, ix0 = ox * g.sw - g.pw;
-    for (int64_t ky = 0; ky < g.kh; ++ky, row += run) {
-      const int64_t iy = iy0 + ky * g.dh;
-      if (iy < 0 || iy >= g.h) {
-        std::memset(row, 0, sizeof(float) * run);
-        continue;
-      }
-      const float* line = x + (b * g.h + iy) * g.w * g.c;
-      if (g.dw == 1 && ix0 >= 0 && ix0 + g.kw <= g.w) {  // the kernel row lies inside x
-        Copy::run(row, line + ix0 * g.c, run);
-        continue;
-      }
-      for (int64_t kx = 0; kx < g.kw; ++kx) {
-        const int64_t ix = ix0 + kx * g.dw;
-        if (ix >= 0 && ix < g.w) Copy::run(row + kx * g.c, line + ix * g.c, g.c);
-        else std::memset(row + kx * g.c, 0, sizeof(float) * g.c);
-      }
-    }
-  }
-}
-
 // How far the taps of `out` outputs reach along one axis (stride s, kernel k, dilation d),
 // in doubles: the attributes could be any size, and their products must not wrap.
 inline double extent(int64_t out, int64_t s, int64_t k, int64_t d) {
   return double(out - 1) * double(s) + double(k - 1) * double(d) + 1;
 }
 
-// Whether every tap of g lies inside x with kernel rows contiguous (no pads, dw 1: padded()'s
-// geometry, or a window that fits): pack_inside's case.
-inline bool inside(const Geometry& g) {
-  return g.ph == 0 && g.pw == 0 && g.dw == 1 && extent(g.oh, g.sh, g.kh, g.dh) <= double(g.h) &&
-         extent(g.ow, g.sw, g.kw, g.dw) <= double(g.w);
-}
+// The outputs of one axis whose taps inside x are the same, [o0, o1), and those taps, [k0, k1)
+// (none where k0 == k1: pads wider than the kernel's reach). A whole axis is {0, OH, 0, KH}.
+struct Span {
+  int64_t o0, o1, k0, k1;
+};
 
-// pack_patches for inside(g): one run of KW * C floats a kernel row, no bounds checks
-// (DeepLabV3's stem on its zero-bordered copy: 12.6 -> 7.5 us to pack, one AVX-512 core).
-template <class Copy>
-void pack_inside(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
-                 float* a) {
-  const int64_t run = g.kw * g.c, line = g.dh * g.w * g.c;
-  for (int r = 0; r < tile_rows; ++r) {
-    const int64_t m = m0 + (r < rows ? r : 0);
-    const int64_t ox = m % g.ow, t = m / g.ow, oy = t % g.oh, b = t / g.oh;
-    const float* p = x + ((b * g.h + oy * g.sh) * g.w + ox * g.sw) * g.c;
-    float* row = a + r * g.patch();
-    for (int64_t ky = 0; ky < g.kh; ++ky, row += run, p += line) Copy::run(row, p, run);
+// A block of outputs, all images by y's rows and x's columns of the two spans, which reads
+// the taps of the spans' ranges.
+struct Band {
+  Span y, x;
+  int64_t pixels(int64_t n) const { return n * (y.o1 - y.o0) * (x.o1 - x.o0); }
+  int64_t taps() const { return (y.k1 - y.k0) * (x.k1 - x.k0); }
+};
+
+// Where an output pixel's first tap of its band reads x: image, row and column (outside x
+// where the taps are checked).
+struct Tap {
+  int64_t b, iy, ix;
+};
+
+// The patch rows [tile_rows][taps * C] of the pixels whose first taps are at[0 .. rows - 1]
+// (rows past them repeat at[0]): the band's taps of every input channel, (ky, kx, c) in
+// order. kChecked: taps outside x read zero (else every one lies inside: padded()'s copy, or
+// the exact spans of both axes).
+template <class Copy, bool kChecked>
+void pack_band(const Geometry& g, const Band& band, const float* x, const Tap* at, int rows,
+               int tile_rows, float* a) {
+  const int64_t nkx = band.x.k1 - band.x.k0, nky = band.y.k1 - band.y.k0, run = nkx * g.c,
+                len = nky * run, step = g.dh * g.w * g.c;
+  for (int r = 0; r < tile_rows; ++r, a += len) {
+    const auto [b, iy0, ix0] = at[r < rows ? r : 0];
+    float* row = a;
+    // one run a kernel row, no checks: the common case, tight (DeepLabV3's stem on its
+    // zero-bordered copy: 12.6 -> 7.5 us to pack against checking each row, one AVX-512 core)
+    if (!kChecked && g.dw == 1) {
+      const float* p = x + ((b * g.h + iy0) * g.w + ix0) * g.c;
+      for (int64_t ky = 0; ky < nky; ++ky, row += run, p += step) Copy::run(row, p, run);
+      continue;
+    }
+    for (int64_t ky = 0; ky < nky; ++ky, row += run) {
+      const int64_t iy = iy0 + ky * g.dh;
+      if (kChecked && (iy < 0 || iy >= g.h)) {
+        std::memset(row, 0, sizeof(float) * run);
+        continue;
+      }
+      const float* line = x + (b * g.h + iy) * g.w * g.c;
+      if (g.dw == 1 && (!kChecked || (ix0 >= 0 && ix0 + nkx <= g.w))) {  // one run a row
+        Copy::run(row, line + ix0 * g.c, run);
+        continue;
+      }
+      for (int64_t kx = 0; kx < nkx; ++kx) {
+        const int64_t ix = ix0 + kx * g.dw;
+        if (!kChecked || (ix >= 0 && ix < g.w)) Copy::run(row + kx * g.c, line + ix * g.c, g.c);
+        else std::memset(row + kx * g.c, 0, sizeof(float) * g.c);
+      }
+    }
   }
 }
 
@@ -169,11 +178,11 @@ struct Epilogue {
   float lo = -__builtin_inff(), hi = __builtin_inff();
 };
 
-// Where a tile stores: `rows` rows `ld` floats apart from y, `cols` columns; scale and shift
-// from the tile's first column.
+// Where a tile stores: row r at y + at[r] (a band's pixels need not be adjacent in y), `cols`
+// columns of `rows` rows; scale and shift from the tile's first column.
 struct Store {
   float* y;
-  int64_t ld;
+  const int64_t* at;
   int rows;
   int64_t cols;
   Epilogue e;
@@ -189,14 +198,15 @@ inline float finish(float v, const Epilogue& e, int64_t j) {
 inline void store_tile(const float* acc, const Store& out) {
   for (int r = 0; r < out.rows; ++r)
     for (int64_t j = 0; j < out.cols; ++j)
-      out.y[r * out.ld + j] = finish(acc[r * kMaxCols + j], out.e, j);
+      out.y[out.at[r] + j] = finish(acc[r * kMaxCols + j], out.e, j);
 }
 
-// Where a tile reads one group's patch rows: row r's value i of tap t is
-// a[r * row + t * tap + i] for t < taps, i < cg (one group: a single tap of all K values).
+// Where a tile reads one group's patch rows and weights: row r's value i of tap t is
+// a[r * row + t * tap + i], for t < taps, i < cg, and its weights are the panel's row
+// t * panel_tap / 16 + i (one group: kernel rows of the band's taps; else tap by tap).
 struct Patches {
   const float* a;
-  int64_t row, taps, tap, cg;
+  int64_t row, taps, tap, cg, panel_tap;
 };
 
 // A tile: y[r][j] = finish(sum_i a[r][i] * panels[i][j]) for the tiling's rows and the columns
@@ -207,12 +217,14 @@ using TileFn = void (*)(const Patches& s, int64_t k, const float* panel, const S
 // The tile in plain C++: any CPU; 6 rows, one panel.
 inline void tile_generic(const Patches& s, int64_t, const float* panel, const Store& out) {
   float c[6][kCols] = {};
-  for (int64_t t = 0; t < s.taps; ++t)
-    for (int64_t i = 0; i < s.cg; ++i, panel += kCols)
+  for (int64_t t = 0; t < s.taps; ++t) {
+    const float* b = panel + t * s.panel_tap;
+    for (int64_t i = 0; i < s.cg; ++i, b += kCols)
       for (int r = 0; r < 6; ++r) {
         const float v = s.a[r * s.row + t * s.tap + i];
-        for (int j = 0; j < kCols; ++j) c[r][j] += v * panel[j];
+        for (int j = 0; j < kCols; ++j) c[r][j] += v * b[j];
       }
+  }
   alignas(64) float acc[kMaxRows * kMaxCols];
   for (int r = 0; r < 6; ++r) std::memcpy(acc + r * kMaxCols, c[r], sizeof c[r]);
   store_tile(acc, out);
@@ -229,8 +241,9 @@ __attribute__((target("avx2,fma"))) inline void tile_avx2(const Patches& s, int6
   for (int64_t t = 0; t < s.taps; ++t) {
     const float *a0 = s.a + t * s.tap, *a1 = a0 + s.row, *a2 = a1 + s.row, *a3 = a2 + s.row,
                 *a4 = a3 + s.row, *a5 = a4 + s.row;
-    for (int64_t i = 0; i < s.cg; ++i, panel += kCols) {
-      const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8);
+    const float* b = panel + t * s.panel_tap;
+    for (int64_t i = 0; i < s.cg; ++i, b += kCols) {
+      const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
       __m256 v = _mm256_broadcast_ss(a0 + i);
       c00 = _mm256_fmadd_ps(v, b0, c00), c01 = _mm256_fmadd_ps(v, b1, c01);
       v = _mm256_broadcast_ss(a1 + i);
@@ -263,9 +276,10 @@ __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int
     for (auto& v : row) v = _mm512_setzero_ps();
   for (int64_t t = 0; t < s.taps; ++t) {
     const float* a = s.a + t * s.tap;
-    for (int64_t i = 0; i < s.cg; ++i, panel += kCols) {
+    const float* w = panel + t * s.panel_tap;
+    for (int64_t i = 0; i < s.cg; ++i, w += kCols) {
       __m512 b[P];
-      for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(panel + p * k * kCols);
+      for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(w + p * k * kCols);
 #pragma GCC unroll 12
       for (int r = 0; r < 12; ++r) {
         const __m512 v = _mm512_set1_ps(a[r * s.row + i]);
@@ -294,7 +308,7 @@ __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int
       if (out.e.scale) v = _mm512_fmadd_ps(v, scale[p], shift[p]);
       // lo, hi first: where v is NaN, max and min return it
       v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-      _mm512_mask_storeu_ps(out.y + r * out.ld + p * kCols, mask[p], v);
+      _mm512_mask_storeu_ps(out.y + out.at[r] + p * kCols, mask[p], v);
     }
   }
 }
@@ -302,24 +316,22 @@ __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int
 
 #ifdef JAXOPS_CONV_X86
 // The packs with CopyAvx512's moves inlined (flatten: compiled for AVX-512 as a whole).
-#define JAXOPS_CONV_PACK_AVX512(name)                                                      \
-  __attribute__((target("avx512f"), flatten)) inline void name##_avx512(                   \
-      const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows, float* a) {  \
-    name<CopyAvx512>(g, x, m0, rows, tile_rows, a);                                        \
-  }
-JAXOPS_CONV_PACK_AVX512(pack_patches)
-JAXOPS_CONV_PACK_AVX512(pack_inside)
-#undef JAXOPS_CONV_PACK_AVX512
+template <bool kChecked>
+__attribute__((target("avx512f"), flatten)) void pack_band_avx512(
+    const Geometry& g, const Band& band, const float* x, const Tap* at, int rows,
+    int tile_rows, float* a) {
+  pack_band<CopyAvx512, kChecked>(g, band, x, at, rows, tile_rows, a);
+}
 #endif
 
 // The tile code for `isa`: rows a tile, panels a full tile (`full`), the one-panel tile for an
 // odd last panel (`one`), and the packs that copy as it does best.
-using PackFn = void (*)(const Geometry& g, const float* x, int64_t m0, int rows, int tile_rows,
-                        float* a);
+using PackFn = void (*)(const Geometry& g, const Band& band, const float* x, const Tap* at,
+                        int rows, int tile_rows, float* a);
 struct Tiling {
   int rows, panels;
   TileFn full, one;
-  PackFn patches, inside;
+  PackFn checked, unchecked;
 };
 
 inline Tiling tiling(Isa isa) {
@@ -327,12 +339,14 @@ inline Tiling tiling(Isa isa) {
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx512 && (isa == Isa::kBest || isa == Isa::kAvx512))
-    return {12, 2, tile_avx512<2>, tile_avx512<1>, pack_patches_avx512, pack_inside_avx512};
+    return {12, 2, tile_avx512<2>, tile_avx512<1>, pack_band_avx512<true>,
+            pack_band_avx512<false>};
   if (avx2 && isa != Isa::kGeneric)
-    return {6, 1, tile_avx2, tile_avx2, pack_patches<CopyLoop>, pack_inside<CopyLoop>};
+    return {6, 1, tile_avx2, tile_avx2, pack_band<CopyLoop, true>, pack_band<CopyLoop, false>};
 #endif
   (void)isa;
-  return {6, 1, tile_generic, tile_generic, pack_patches<CopyLoop>, pack_inside<CopyLoop>};
+  return {6, 1, tile_generic, tile_generic, pack_band<CopyLoop, true>,
+          pack_band<CopyLoop, false>};
 }
 
 // padded()'s copy: its height and width (doubles, as extent), and whether it is no larger than
@@ -374,49 +388,150 @@ inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& co
   return p;
 }
 
+// The spans of one axis (outputs `out`, stride s, begin pad p, dilation d, kernel k, input
+// `size`): output o's tap t reads o * s - p + t * d, inside x for a range of t that changes
+// only near the borders. Appended to `all`, which is cleared first.
+inline void spans(int64_t out, int64_t s, int64_t p, int64_t d, int64_t k, int64_t size,
+                  std::vector<Span>& all) {
+  all.clear();
+  const uint64_t ud = uint64_t(d);
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t at, k0 = 0, k1 = 0;  // where tap 0 reads; out of int64's range: no tap inside
+    if (!__builtin_mul_overflow(o, s, &at) && !__builtin_sub_overflow(at, p, &at) &&
+        at < size) {
+      // ceil(-at / d) and ceil((size - at) / d) in uint64, where both differences fit
+      if (at < 0) k0 = int64_t(std::min<uint64_t>((0 - uint64_t(at) - 1) / ud + 1, k));
+      k1 = int64_t(std::min<uint64_t>((uint64_t(size) - uint64_t(at) - 1) / ud + 1, k));
+    }
+    if (k0 >= k1) k0 = k1 = 0;  // no tap inside: one kind of span, whichever side
+    if (!all.empty() && all.back().k0 == k0 && all.back().k1 == k1) all.back().o1 = o + 1;
+    else all.push_back({o, o + 1, k0, k1});
+  }
+}
+
+// What tiling the outputs by bands of these spans costs: per tile its patch rows' length
+// plus kTileCost, the packing and storing of a tile in the same units. An axis is split only
+// where that saves a tenth (kSplitGain): the bands' bookkeeping cost DeepLabV3's 3x3s that
+// gained little 0-7% on one AVX-512 core, its dilated ones gained 29-33%.
+constexpr double kTileCost = 48, kSplitGain = 0.9;
+constexpr int64_t kChunk = 960;  // a band's pixels at a time: whole tiles (6 and 12 rows)
+inline double cost(const Geometry& g, const Span* ys, size_t ny, const Span* xs, size_t nx,
+                   int rows) {
+  double sum = 0;
+  for (size_t i = 0; i < ny; ++i)
+    for (size_t j = 0; j < nx; ++j) {
+      const Band band{ys[i], xs[j]};
+      const double tiles = std::ceil(double(band.pixels(g.n)) / rows);
+      sum += tiles * (double(band.taps() * g.c) + kTileCost);
+    }
+  return sum;
+}
+
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
+// The outputs go in bands whose taps inside x are the same, on the axes where that costs less
+// than computing the taps that read the zero pads (cost): DeepLabV3's dilated 3x3s at 4x4 read
+// 4 of their 9 taps.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
                      const Epilogue& e = {}, Isa isa = Isa::kBest) {
   // the scratch of this thread's last call, kept: allocating and zeroing it every call cost
   // ~1 us of DeepLabV3's 3x3s (every element is written before it is read) ...
   thread_local std::vector<float> copy, panels, a;
+  thread_local std::vector<Span> ys, xs;
+  thread_local std::vector<Tap> taps(kChunk);
+  thread_local std::vector<int64_t> outs(kChunk);
   struct Trim {  // ... unless large: a thread keeps at most 1 MiB of it between calls
     ~Trim() {
       for (auto* v : {&copy, &panels, &a})
         if (v->capacity() > (size_t(1) << 18)) std::vector<float>().swap(*v);
+      for (auto* v : {&ys, &xs})
+        if (v->capacity() > 1024) std::vector<Span>().swap(*v);
     }
   } trim;
-  // Not for dilated kernel rows (copied tap by tap anyway: there the copy only costs), nor
-  // where the copy would outgrow the patch rows (copy_pays).
-  const bool pad = geometry.dw == 1 && (geometry.ph || geometry.pw) && copy_pays(geometry);
-  const Geometry g = pad ? padded(geometry, x, copy) : geometry;
-  if (pad) x = copy.data();
+  const Geometry& o = geometry;
   const Tiling t = tiling(isa);
-  const int64_t k = g.k(), count = panels_of(g), m = g.n * g.oh * g.ow;
+  // the axes' spans, or the whole axis where splitting it costs more (grouped: x whole, so
+  // that a group's taps stay evenly spaced in the patch rows); in_y, in_x: every tap of the
+  // chosen spans lies inside x
+  spans(o.oh, o.sh, o.ph, o.dh, o.kh, o.h, ys);
+  spans(o.ow, o.sw, o.pw, o.dw, o.kw, o.w, xs);
+  bool in_y = ys.size() == 1 && ys[0].k1 - ys[0].k0 == o.kh;
+  bool in_x = xs.size() == 1 && xs[0].k1 - xs[0].k0 == o.kw;
+  if (!in_x || !in_y) {
+    const Span wy{0, o.oh, 0, o.kh}, wx{0, o.ow, 0, o.kw};
+    if (o.groups > 1 || cost(o, ys.data(), ys.size(), xs.data(), xs.size(), t.rows) >
+                            kSplitGain * cost(o, ys.data(), ys.size(), &wx, 1, t.rows))
+      xs.assign(1, wx);
+    else
+      in_x = true;
+    if (cost(o, ys.data(), ys.size(), xs.data(), xs.size(), t.rows) >
+        kSplitGain * cost(o, &wy, 1, xs.data(), xs.size(), t.rows))
+      ys.assign(1, wy);
+    else
+      in_y = true;
+  }
+  // The zero-bordered copy where taps still read the pads, but not for dilated kernel rows
+  // (copied tap by tap anyway: there the copy only costs), nor where the copy would outgrow
+  // the patch rows (copy_pays). Then every tap reads inside the copy.
+  const bool pad = o.dw == 1 && !(in_y && in_x) && copy_pays(o);
+  const Geometry g = pad ? padded(o, x, copy) : o;
+  if (pad) x = copy.data();
+  const PackFn pack = pad || (in_y && in_x) ? t.unchecked : t.checked;
+  const int64_t k = g.k(), count = panels_of(g), cg = g.cg();
   if (panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
   if (a.size() < size_t(t.rows * g.patch())) a.resize(t.rows * g.patch());
   pack_weights(g, w, panels.data());
-  const PackFn pack = inside(g) ? t.inside : t.patches;
-  for (int64_t m0 = 0; m0 < m; m0 += t.rows) {
-    const int rows = int(m - m0 < t.rows ? m - m0 : t.rows);
-    pack(g, x, m0, rows, t.rows, a.data());
-    for (int64_t gi = 0; gi < g.groups; ++gi) {
-      // one group: its K values as one run; else KH * KW runs of C / G, C apart
-      const Patches s = g.groups == 1 ? Patches{a.data(), k, 1, 0, k}
-                                      : Patches{a.data() + gi * g.cg(), g.patch(), g.kh * g.kw,
-                                                g.c, g.cg()};
-      for (int64_t p = 0; p < count; p += t.panels) {
-        const bool full = p + t.panels <= count;
-        const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,
-                      width = full ? t.panels * kCols : kCols;
-        Epilogue at = e;
-        if (e.scale) at.scale += col, at.shift += col;
-        (full ? t.full : t.one)(s, k, panels.data() + (gi * count + p) * k * kCols,
-                                Store{y + m0 * g.o + col, g.o, rows, std::min(left, width), at});
+  for (const Span sy : ys)
+    for (const Span sx : xs) {
+      const Band band{sy, sx};
+      const int64_t nkx = sx.k1 - sx.k0, len = band.taps() * g.c, pixels = band.pixels(g.n);
+      const int64_t width = sx.o1 - sx.o0, height = sy.o1 - sy.o0;
+      for (int64_t c0 = 0; c0 < pixels; c0 += kChunk) {
+        // the band's pixels c0 .. c0 + chunk - 1 (images, rows, columns): where their first
+        // taps read x, where they go in y
+        const int64_t chunk = std::min(kChunk, pixels - c0);
+        int64_t b = c0 / width / height, oy = sy.o0 + c0 / width % height,
+                ox = sx.o0 + c0 % width;
+        for (int64_t q = 0; q < chunk;) {
+          const int64_t iy = oy * g.sh - g.ph + sy.k0 * g.dh, y0 = (b * g.oh + oy) * g.ow;
+          const int64_t end = std::min(sx.o1, ox + chunk - q);
+          for (Tap* tap = taps.data() + q; ox < end; ++ox, ++q, ++tap)  // (no int64 aliasing)
+            *tap = {b, iy, ox * g.sw - g.pw + sx.k0 * g.dw}, outs[q] = (y0 + ox) * g.o;
+          ox = sx.o0;
+          if (++oy == sy.o1) oy = sy.o0, ++b;
+        }
+        for (int64_t q0 = 0; q0 < chunk; q0 += t.rows) {
+          const int rows = int(std::min<int64_t>(t.rows, chunk - q0));
+          if (len) pack(g, band, x, taps.data() + q0, rows, t.rows, a.data());
+          for (int64_t gi = 0; gi < g.groups; ++gi) {
+            // one group: the kernel rows of the band's taps (one run where they are whole);
+            // else tap by tap, C apart, the group's C / G of each
+            Patches s;
+            int64_t first;  // the band's first weight row
+            if (g.groups == 1 && nkx == g.kw) {
+              s = {a.data(), len, 1, 0, len, 0};
+              first = sy.k0 * g.kw * g.c;
+            } else if (g.groups == 1) {
+              s = {a.data(), len, sy.k1 - sy.k0, nkx * g.c, nkx * g.c, g.kw * g.c * kCols};
+              first = (sy.k0 * g.kw + sx.k0) * g.c;
+            } else {
+              s = {a.data() + gi * cg, len, (sy.k1 - sy.k0) * g.kw, g.c, cg, cg * kCols};
+              first = sy.k0 * g.kw * cg;
+            }
+            for (int64_t p = 0; p < count; p += t.panels) {
+              const bool full = p + t.panels <= count;
+              const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,
+                            cols = full ? t.panels * kCols : kCols;
+              Epilogue ep = e;
+              if (e.scale) ep.scale += col, ep.shift += col;
+              (full ? t.full : t.one)(
+                  s, k, panels.data() + ((gi * count + p) * k + first) * kCols,
+                  Store{y + col, outs.data() + q0, rows, std::min(left, cols), ep});
+            }
+          }
+        }
       }
     }
-  }
 }
 
 }  // namespace jaxops::conv

@@ -428,9 +428,9 @@ inline double cost(const Geometry& g, const Span* ys, size_t ny, const Span* xs,
 }
 
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
-// The outputs go in bands whose taps inside x are the same, on the axes where that costs less
-// than computing the taps that read the zero pads (cost): DeepLabV3's dilated 3x3s at 4x4 read
-// 4 of their 9 taps.
+// The outputs go in bands whose taps inside x are the same, on the axes where that saves work
+// over computing the taps that read the zero pads (cost): DeepLabV3's dilated 3x3s at 4x4 read
+// x at 4 of their 9 taps.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
                      const Epilogue& e = {}, Isa isa = Isa::kBest) {
   // the scratch of this thread's last call, kept: allocating and zeroing it every call cost
@@ -447,11 +447,11 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
         if (v->capacity() > 1024) std::vector<Span>().swap(*v);
     }
   } trim;
-  const Geometry& o = geometry;
+  const Geometry& o = geometry;  // as given; g below: as read (padded()'s where it copies)
   const Tiling t = tiling(isa);
-  // the axes' spans, or the whole axis where splitting it costs more (grouped: x whole, so
-  // that a group's taps stay evenly spaced in the patch rows); in_y, in_x: every tap of the
-  // chosen spans lies inside x
+  // the axes' spans, or the whole axis where splitting it does not save a tenth (grouped: x
+  // whole, so that a group's taps stay evenly spaced in the patch rows); in_y, in_x: every
+  // tap of the chosen spans lies inside x
   spans(o.oh, o.sh, o.ph, o.dh, o.kh, o.h, ys);
   spans(o.ow, o.sw, o.pw, o.dw, o.kw, o.w, xs);
   bool in_y = ys.size() == 1 && ys[0].k1 - ys[0].k0 == o.kh;

@@ -157,7 +157,7 @@ void pack_band(const Geometry& g, const Band& band, const float* x, const Tap* a
         continue;
       }
       const float* line = x + (b * g.h + iy) * g.w * g.c;
-      if (g.dw == 1 && (!kChecked || (ix0 >= 0 && ix0 + nkx <= g.w))) {  // one run a row
+      if (g.dw == 1 && ix0 >= 0 && ix0 + nkx <= g.w) {  // the kernel row lies inside x
         Copy::run(row, line + ix0 * g.c, run);
         continue;
       }
@@ -427,6 +427,22 @@ inline double cost(const Geometry& g, const Span* ys, size_t ny, const Span* xs,
   return sum;
 }
 
+// Where a tile reads group gi's patch rows of `band` from `a` (pack_band's layout), and
+// (`first`) the band's first weight row in the group's panels: one group, the kernel rows of
+// the band's taps (one run where they are whole); else tap by tap, C apart, C / G of each.
+inline Patches band_patches(const Geometry& g, const Band& band, int64_t gi, const float* a,
+                            int64_t& first) {
+  const int64_t nkx = band.x.k1 - band.x.k0, nky = band.y.k1 - band.y.k0;
+  const int64_t len = band.taps() * g.c, cg = g.cg();
+  if (g.groups > 1) {
+    first = band.y.k0 * g.kw * cg;
+    return {a + gi * cg, len, nky * g.kw, g.c, cg, cg * kCols};
+  }
+  first = (band.y.k0 * g.kw + band.x.k0) * g.c;
+  if (nkx == g.kw) return {a, len, 1, 0, len, 0};
+  return {a, len, nky, nkx * g.c, nkx * g.c, g.kw * g.c * kCols};
+}
+
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
 // The outputs go in bands whose taps inside x are the same, on the axes where that saves work
 // over computing the taps that read the zero pads (cost): DeepLabV3's dilated 3x3s at 4x4 read
@@ -476,7 +492,7 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const Geometry g = pad ? padded(o, x, copy) : o;
   if (pad) x = copy.data();
   const PackFn pack = pad || (in_y && in_x) ? t.unchecked : t.checked;
-  const int64_t k = g.k(), count = panels_of(g), cg = g.cg();
+  const int64_t k = g.k(), count = panels_of(g);
   if (panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
   if (a.size() < size_t(t.rows * g.patch())) a.resize(t.rows * g.patch());
@@ -484,7 +500,7 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   for (const Span sy : ys)
     for (const Span sx : xs) {
       const Band band{sy, sx};
-      const int64_t nkx = sx.k1 - sx.k0, len = band.taps() * g.c, pixels = band.pixels(g.n);
+      const int64_t len = band.taps() * g.c, pixels = band.pixels(g.n);
       const int64_t width = sx.o1 - sx.o0, height = sy.o1 - sy.o0;
       for (int64_t c0 = 0; c0 < pixels; c0 += kChunk) {
         // the band's pixels c0 .. c0 + chunk - 1 (images, rows, columns): where their first
@@ -504,20 +520,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
           const int rows = int(std::min<int64_t>(t.rows, chunk - q0));
           if (len) pack(g, band, x, taps.data() + q0, rows, t.rows, a.data());
           for (int64_t gi = 0; gi < g.groups; ++gi) {
-            // one group: the kernel rows of the band's taps (one run where they are whole);
-            // else tap by tap, C apart, the group's C / G of each
-            Patches s;
-            int64_t first;  // the band's first weight row
-            if (g.groups == 1 && nkx == g.kw) {
-              s = {a.data(), len, 1, 0, len, 0};
-              first = sy.k0 * g.kw * g.c;
-            } else if (g.groups == 1) {
-              s = {a.data(), len, sy.k1 - sy.k0, nkx * g.c, nkx * g.c, g.kw * g.c * kCols};
-              first = (sy.k0 * g.kw + sx.k0) * g.c;
-            } else {
-              s = {a.data() + gi * cg, len, (sy.k1 - sy.k0) * g.kw, g.c, cg, cg * kCols};
-              first = sy.k0 * g.kw * cg;
-            }
+            int64_t first;
+            const Patches s = band_patches(g, band, gi, a.data(), first);
             for (int64_t p = 0; p < count; p += t.panels) {
               const bool full = p + t.panels <= count;
               const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,

@@ -112,9 +112,10 @@ def test_platform_choice(case):
 def _conv_grad_lowered(xs, ws, outputs, platform="cpu", **attrs):
     x = jax.ShapeDtypeStruct(xs, jnp.float32)
     w = jax.ShapeDtypeStruct(ws, jnp.float32)
-    strides = attrs.get("strides") or (1, 1)
-    pads = attrs.get("pads") or (0, 0, 0, 0)
-    out = [(i + pads[k] + pads[k + 2] - ws[2 + k]) // strides[k] + 1 for k, i in enumerate(xs[2:])]
+    n = len(xs) - 2
+    strides = attrs.get("strides") or (1,) * n
+    pads = attrs.get("pads") or (0,) * 2 * n
+    out = [(i + pads[k] + pads[k + n] - ws[2 + k]) // strides[k] + 1 for k, i in enumerate(xs[2:])]
     dy = jax.ShapeDtypeStruct((xs[0], ws[0], *out), jnp.float32)
     f = jax.jit(lambda *a: ops.conv_grad(*a, outputs=outputs, **attrs))
     return f.trace(dy, x, w).lower(lowering_platforms=(platform,)).as_text()
@@ -207,6 +208,35 @@ def test_dense_conv_grad_on_the_cpu(rng, case, dtype, tol):
         assert got.dtype == dtype
         np.testing.assert_allclose(np.float64(got), np.float64(want), rtol=tol,
                                    atol=tol * float(jnp.abs(want).max()))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("dtype,tol", [(jnp.float64, 1e-12), (jnp.float16, 2e-3)],
+                         ids=["f64", "f16"])
+def test_small_1d_conv_grad_is_windowed_on_the_cpu(rng, stride, dtype, tol):
+    """A small 1-D dense convolution (Whisper's: 16 positions, 16 channels, kernel 3) is
+    windowed_conv on the CPU in a training step, its ConvGrad matmuls and pads (no
+    lhs-dilated convolution for the strided one's dX), and gives jax's gradient of XLA's
+    convolution; a GPU keeps XLA's; a small 2-D one (ResNet's) keeps XLA's on the CPU too
+    (_small_patches)."""
+    xs, ws, attrs = (2, 16, 16), (32, 16, 3), {"strides": [stride], "pads": [1, 1]}
+    lowered = _conv_grad_lowered(xs, ws, (True, True, False), **attrs)
+    assert "convolution" not in lowered and "dot_general" in lowered
+    assert "convolution" in _conv_grad_lowered(xs, ws, (True, True, False), "cuda", **attrs)
+    x = jnp.asarray(rng.standard_normal(xs), dtype)
+    w = jnp.asarray(rng.standard_normal(ws), dtype)
+    f32 = lambda a: a.astype(jnp.float32) if dtype == jnp.float16 else a
+    y, vjp = jax.vjp(lambda x, w: xla_conv(x, w, (stride,), [(1, 1)], (1,), 1, None),
+                     f32(x), f32(w))
+    dy = jnp.asarray(rng.standard_normal(y.shape), dtype)
+    dx, dw, _ = jax.jit(lambda *a: ops.conv_grad(*a, **attrs))(dy, x, w)
+    for got, want in zip((dx, dw), vjp(f32(dy))):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.float64(got), np.float64(want), rtol=tol,
+                                   atol=tol * float(jnp.abs(want).max()))
+    xs, ws = (2, 16, 8, 8), (16, 16, 3, 3)
+    assert "convolution" in _conv_grad_lowered(xs, ws, (True, False, False), strides=[2, 2],
+                                               pads=[1] * 4)
 
 
 def test_dense_conv_dw_batch_sharded(rng):

@@ -513,11 +513,12 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     windows (patchify: the patches are the input reordered). MobileNetV3's forward 15-25%
     faster on one core with the first two (measured 2026-11-24, interleaved with ORT); their
     gradients in a training step: RegNet 0.81x, EfficientNet 0.87x the time, the patchify
-    ones ConvNeXt/Swin/ViT 0.87-0.91x (2026-11-24, one core, interleaved).
+    ones ConvNeXt/Swin/ViT 0.87-0.91x (2026-11-24, one core, interleaved). And small 1-D ones
+    (_small_patches).
 
     channels_last=True (the importer's Conv where the weight is a constant: an inference
     forward such as `program.jit()`), on the CPU only: windowed_conv's channels-last form,
-    also for small dense convolutions (_small_patches), and without the kernel taps that read
+    also for small dense convolutions of any rank, and without the kernel taps that read
     only padding (_live_taps: a dilated convolution over a feature map no wider than its
     dilation is a 1x1 one).
 
@@ -605,7 +606,8 @@ def _windowed_dense(x, kernel, padding, dilations, lhs_dilation, strides, channe
         return True
     if all(d == 1 for d in dilations) and x.shape[1] * math.prod(kernel) <= 32:
         return True
-    if channels_last and _small_patches(x, kernel, padding, dilations, strides):
+    if (channels_last or len(kernel) == 1) and _small_patches(x, kernel, padding, dilations,
+                                                              strides):
         return True
     # a 7x7 stem stays XLA's: its patch matrix cost more than XLA's convolution (231 vs 288 us)
     return _patchify(kernel, strides, padding, dilations)
@@ -613,11 +615,18 @@ def _windowed_dense(x, kernel, padding, dilations, lhs_dilation, strides, channe
 
 def _small_patches(x, kernel, padding, dilations, strides):
     """A patch matrix of at most 2**17 elements (512 KiB in f32) with rows of >= 8 channels:
-    there channels-last im2col and one matmul beat XLA:CPU's convolution, whose cost a call is
-    ~5-10 us more on these small ones (DeepLabV3's 3x3s on 4x4 and 8x8 maps: its backbone
-    0.82x, its head 0.69x the time, one core). ResNet's forward ran 1.16x slower with every 3x3
-    so (64x64 maps), and a 3-channel 7x7 stem's 49 slices of 3 values cost more than XLA's
-    convolution (0.25 vs 0.21 ms)."""
+    there im2col and one matmul beat XLA:CPU's convolution, whose cost a call is ~5-10 us
+    more on these small ones (DeepLabV3's 3x3s on 4x4 and 8x8 maps, channels last: its
+    backbone 0.82x, its head 0.69x the time, one core). ResNet's forward ran 1.16x slower with
+    every 3x3 so (64x64 maps), and a 3-channel 7x7 stem's 49 slices of 3 values cost more than
+    XLA's convolution (0.25 vs 0.21 ms).
+
+    With traced weights (a training step) the transposes too, and a strided one's dX then
+    has no lhs-dilated convolution: Whisper's 1-D convolutions (length 16, 16-32 channels)
+    0.89-0.90x the step's time (whisper_dynamo; whisper_ts 0.98-0.99x; one core, A/B
+    interleaved, 2026-11-29). 2-D ones stay XLA's there: ResNet's 3x3s on 4x4 to 32x32 maps
+    took 0.96-0.97x the step's time but moved its 5-step losses 4.1e-5 off ORT's on jax 0.8
+    (from 3.7e-7; ORT's own are 4e-5 off float64's: f32 rounding compounding)."""
     pixels = x.shape[0] * math.prod(_out_sizes(_padded_sizes(x.shape[2:], padding), kernel,
                                                strides, dilations))
     return x.shape[1] >= 8 and pixels * x.shape[1] * math.prod(kernel) <= 1 << 17

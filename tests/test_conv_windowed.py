@@ -195,15 +195,21 @@ def test_dense_conv_grad_on_the_cpu(rng, case, dtype, tol):
     3-channel strided 7x5 one (phase_conv) gives jax's gradient of XLA's convolution on the
     CPU (f16 accumulated in f32, rounded once)."""
     xs, ws, strides, pads = case
-    attrs = {"strides": strides, "pads": pads}
+    _conv_grad_matches_xla(rng, xs, ws, strides, pads, dtype, tol)
+
+
+def _conv_grad_matches_xla(rng, xs, ws, strides, pads, dtype, tol):
+    """ConvGrad's dX and dW (undilated, group 1) against jax's gradient of XLA's convolution
+    (f16 against the f32 one: accumulated in f32, rounded once)."""
+    n = len(xs) - 2
     x = jnp.asarray(rng.standard_normal(xs), dtype)
     w = jnp.asarray(rng.standard_normal(ws), dtype)
     f32 = lambda a: a.astype(jnp.float32) if dtype == jnp.float16 else a
-    padding = list(zip(pads[:2], pads[2:]))
-    y, vjp = jax.vjp(lambda x, w: xla_conv(x, w, strides, padding, (1, 1), 1, None),
+    padding = list(zip(pads[:n], pads[n:]))
+    y, vjp = jax.vjp(lambda x, w: xla_conv(x, w, strides, padding, (1,) * n, 1, None),
                      f32(x), f32(w))
     dy = jnp.asarray(rng.standard_normal(y.shape), dtype)
-    dx, dw, _ = jax.jit(lambda *a: ops.conv_grad(*a, **attrs))(dy, x, w)
+    dx, dw, _ = jax.jit(lambda *a: ops.conv_grad(*a, strides=strides, pads=pads))(dy, x, w)
     for got, want in zip((dx, dw), vjp(f32(dy))):
         assert got.dtype == dtype
         np.testing.assert_allclose(np.float64(got), np.float64(want), rtol=tol,
@@ -223,17 +229,7 @@ def test_small_1d_conv_grad_is_windowed_on_the_cpu(rng, stride, dtype, tol):
     lowered = _conv_grad_lowered(xs, ws, (True, True, False), **attrs)
     assert "convolution" not in lowered and "dot_general" in lowered
     assert "convolution" in _conv_grad_lowered(xs, ws, (True, True, False), "cuda", **attrs)
-    x = jnp.asarray(rng.standard_normal(xs), dtype)
-    w = jnp.asarray(rng.standard_normal(ws), dtype)
-    f32 = lambda a: a.astype(jnp.float32) if dtype == jnp.float16 else a
-    y, vjp = jax.vjp(lambda x, w: xla_conv(x, w, (stride,), [(1, 1)], (1,), 1, None),
-                     f32(x), f32(w))
-    dy = jnp.asarray(rng.standard_normal(y.shape), dtype)
-    dx, dw, _ = jax.jit(lambda *a: ops.conv_grad(*a, **attrs))(dy, x, w)
-    for got, want in zip((dx, dw), vjp(f32(dy))):
-        assert got.dtype == dtype
-        np.testing.assert_allclose(np.float64(got), np.float64(want), rtol=tol,
-                                   atol=tol * float(jnp.abs(want).max()))
+    _conv_grad_matches_xla(rng, xs, ws, [stride], [1, 1], dtype, tol)
     xs, ws = (2, 16, 8, 8), (16, 16, 3, 3)
     assert "convolution" in _conv_grad_lowered(xs, ws, (True, False, False), strides=[2, 2],
                                                pads=[1] * 4)

@@ -66,9 +66,9 @@ def test_onnx_domain_layer_norms_below_opset17(op, n_in):
 @pytest.mark.parametrize("op,domain,opset", [("Gelu", "com.microsoft", 17), ("Gelu", "", 20),
                                              ("BiasGelu", "com.microsoft", 17)])
 def test_erf_gelu_matches_onnxruntime_over_its_range(op, domain, opset):
-    """Gelu in ORT's form, 0.5 x (1 + erf(x / sqrt(2))), from the far negative tail to large
-    positive inputs: within 2e-6 relative, and in the tail (x < -3, where 1 + erf keeps a few
-    bits and XLA's erf rounds otherwise than ORT's) within 2 eps |x| absolute."""
+    """Gelu (0.5 x (1 + erf(x / sqrt(2)))) from the far negative tail to large positive
+    inputs: within 2e-6 of ORT's relative, and in the tail (x < -3, where ORT's 1 + erf keeps a
+    few bits) within 2 eps |x| absolute."""
     feeds = {"x0": np.linspace(-12, 12, 4001, dtype=np.float32).reshape(1, -1)}
     if op == "BiasGelu":
         feeds["x1"] = _x(4001)

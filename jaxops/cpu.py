@@ -67,6 +67,21 @@ def xla_threads(device: jax.Device | None = None) -> int:
     return os.cpu_count() or 1
 
 
+def jit_options(device: jax.Device | None = None) -> dict:
+    """jax.jit's keyword arguments for a program placed on `device` (None: jax's default
+    device): on a CPU whose XLA client runs one intra-op thread, XLA's single-threaded Eigen
+    kernels. With the multi-threaded ones XLA:CPU hands each Eigen matmul (the transposed
+    products of weight gradients, which its YNNPACK fusions do not take) to that one pool
+    thread and runs the rest of the program there: a context switch a train step (llama_ts,
+    corpus, one core), for no parallelism, as the calling thread only waits. Bound to one
+    core, llama_ts's ORT-API step took 0.86-0.90x the time with them single-threaded
+    (2026-11-29, A/B in one process, tools in docs/performance.md)."""
+    device = jax.devices()[0] if device is None else device
+    if device.platform != "cpu" or xla_threads(device) != 1:
+        return {}
+    return {"compiler_options": {"xla_cpu_multi_thread_eigen": False}}
+
+
 def _check_threads(fn: str, threads) -> int:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"{fn}: threads must be an int >= 1, got {threads!r}")

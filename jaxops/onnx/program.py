@@ -31,7 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from jaxops._src.disable import disabled, routed_to_xla
-from jaxops.cpu import cpu_device, xla_threads
+from jaxops.cpu import cpu_device, jit_options, xla_threads
 from jaxops.onnx import functions, registry, signature
 from jaxops.onnx import precision as _precision
 from jaxops.onnx.errors import OnnxImportError
@@ -591,15 +591,19 @@ class Program:
         self._check_params(params)
         params = _on_device(params)
 
-        def jitted(params, **placed):
-            return jax.jit(lambda *args, **kwargs: self(params, *args, **kwargs), **placed)
+        def jitted(params, device, **placed):  # (device: where the params are, None: default)
+            return jax.jit(lambda *args, **kwargs: self(params, *args, **kwargs), **placed,
+                           **jit_options(device))
 
         def move():  # (the outputs' sharding places the program, numpy params included)
             one = cpu_device(1)
             params_one = {k: jax.device_put(v, one) if isinstance(v, jax.Array) else v
                           for k, v in params.items()}
-            return jitted(params_one, out_shardings=jax.sharding.SingleDeviceSharding(one)), one
-        return PollingJit(jitted(params), move if may_move(params) else None)
+            return jitted(params_one, one,
+                          out_shardings=jax.sharding.SingleDeviceSharding(one)), one
+        home = next((x.devices() for x in params.values() if isinstance(x, jax.Array)), set())
+        return PollingJit(jitted(params, next(iter(home)) if len(home) == 1 else None),
+                          move if may_move(params) else None)
 
     def _check_params(self, params) -> None:
         names = self.input_names

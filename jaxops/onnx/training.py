@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.cpu import cpu_device, xla_threads
+from jaxops.cpu import cpu_device, jit_options, xla_threads
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
 from jaxops.onnx.program import POLL_MAX_FLOPS, cost, may_move, polls, wait_polling
@@ -353,10 +353,10 @@ class Module:
         # With a device, the steps place their arguments there themselves: numpy inputs go
         # straight to it, arrays elsewhere move. A jax.device_put of the inputs first cost
         # 90-170 us a step on a CPU (gpt2_ts, one core), more than the eval step's program.
-        self._place = {}
+        self._place = jit_options(device)
         if device is not None:
             on = jax.sharding.SingleDeviceSharding(device)
-            self._place = dict(in_shardings=on, out_shardings=on)
+            self._place.update(in_shardings=on, out_shardings=on)
         self._taken = _taken_matrices(self.core, self.state.train_state, device)
         self._steps = _Steps(self._make_step)
         # lazy_reset_grad's flag as device arrays: a numpy bool would be a device_put a step
@@ -517,7 +517,8 @@ class Optimizer:
             new = core.update_packed(packed, lr)
             return (new.trained, new.grads, new.moments, new.other_moments, new.rest, new.step,
                     lr)
-        return jax.jit(update, donate_argnums=(0, 1, 2, 3, 4))
+        return jax.jit(update, donate_argnums=(0, 1, 2, 3, 4),
+                       **jit_options(self.module._device))
 
     def step(self) -> None:
         """One update of every trainable parameter from its accumulated gradient."""

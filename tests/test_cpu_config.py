@@ -229,3 +229,60 @@ def test_configure_cpu_picks_the_memory_scheduler_unless_told_otherwise():
     assert _schedule(f"{flag}=true", 2) == (f"{flag}=true", default)
     assert _schedule("--xla_cpu_use_thunk_runtime=true", 2)[0] == (
         f"--xla_cpu_use_thunk_runtime=true {flag}=false")
+
+
+_STEPS = textwrap.dedent("""
+    import json, os, resource, sys
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    import jaxops
+    jaxops.configure_cpu(1)
+    import numpy as np
+    from jaxops.onnx.training import CheckpointState, Module, Optimizer
+    counts = {}
+    for d in sys.argv[1:]:
+        ref = json.load(open(f"{d}/reference.json"))
+        data = np.load(f"{d}/reference.npz")
+        inputs = [data[f"in_{n}"][0] for n in ref["inputs"]]
+        state = CheckpointState.load_checkpoint(f"{d}/checkpoint")
+        module = Module(f"{d}/training_model.onnx", state, None, "cpu")
+        optimizer = Optimizer(f"{d}/optimizer_model.onnx", module)
+        def step():
+            module(*inputs); optimizer.step(); module.lazy_reset_grad()
+            state.block_until_ready()
+        for _ in range(3):
+            step()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+        for _ in range(30):
+            step()
+        counts[d] = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before
+    print(json.dumps(counts))
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="binds itself to one core")
+def test_one_thread_train_steps_run_on_the_calling_thread():
+    """On one core with configure_cpu(1), an ORT-API train step of the corpus never waits for
+    another thread (a voluntary context switch): jit_options' single-threaded Eigen kernels
+    (llama_ts: its weight gradients' matmuls went to XLA's pool thread, 1 switch a step) and
+    the gradients added in the flat buffers (bert_ts: 21 additions ready at once, which XLA's
+    executor split with that thread, 3 a step)."""
+    corpus = Path(__file__).resolve().parent / "data" / "corpus"
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run([sys.executable, "-c", _STEPS, *(str(corpus / m) for m in
+                                                          ("llama_ts", "bert_ts"))],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(n <= 3 for n in counts.values()), counts  # (30 steps: 30 and 90 before)
+
+
+@pytest.mark.usefixtures("needs_cpu")
+def test_jit_options_single_thread_eigen_where_one_thread_runs():
+    from jaxops.cpu import jit_options
+    one = {"compiler_options": {"xla_cpu_multi_thread_eigen": False}}
+    assert jit_options(jaxops.cpu_device(1)) == one
+    assert jit_options(jaxops.cpu_device(3)) == {}  # a pool of 3 threads works in parallel
+    f = jax.jit(lambda a, b: a.T @ b, **jit_options(jaxops.cpu_device(1)))  # jit takes them
+    x = jax.device_put(np.arange(12, dtype=np.float32).reshape(3, 4), jaxops.cpu_device(1))
+    np.testing.assert_allclose(np.asarray(f(x, x)), np.asarray(x).T @ np.asarray(x))

@@ -387,8 +387,15 @@ class Module:
             def train_step(trained, grads, rest, inputs, reset):
                 packed = PackedState.from_buffers(static, trained=trained, grads=grads,
                                                   rest=rest)
-                outs, new = core.train_step(packed.unpack(self._taken), inputs, reset)
-                return outs, packed.layout.pack(new.grads)
+                # the step's own gradients (reset: the graph's accumulators pass them on),
+                # added to the old ones in the flat buffers: a copy and one loop a dtype,
+                # where adding each parameter's was a thunk (bert_ts: 21), all ready at once
+                # at the step's end, and XLA:CPU's executor handed some to another thread (a
+                # context switch a step on one core; the step 0.88-0.92x without, docs/perf)
+                outs, new = core.train_step(packed.unpack(self._taken), inputs, True)
+                fresh = packed.layout.pack(new.grads)
+                return outs, {key: jnp.where(reset, g, grads[key] + g)
+                              for key, g in fresh.items()}
             return jax.jit(train_step, donate_argnums=1, **self._place)
 
         def eval_step(trained, rest, inputs):

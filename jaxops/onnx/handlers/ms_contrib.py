@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import registry
+from .activation import erf_gelu
 from .norm import layer_norm
 
 MS = "com.microsoft"
@@ -21,22 +22,18 @@ def _register(op_type, domain=MS, since=1):
     return wrap
 
 
-def _erf_gelu(x):
-    return jax.nn.gelu(x, approximate=False).astype(x.dtype)
-
-
 def _tanh_gelu(x):
     return jax.nn.gelu(x, approximate=True).astype(x.dtype)
 
 
 @_register("Gelu")
 def gelu(ctx, x):
-    return _erf_gelu(x)
+    return erf_gelu(x)
 
 
 @_register("BiasGelu")
 def bias_gelu(ctx, a, b):
-    return _erf_gelu(a + b)
+    return erf_gelu(a + b)
 
 
 @_register("FastGelu")

@@ -67,6 +67,12 @@ def xla_threads(device: jax.Device | None = None) -> int:
     return os.cpu_count() or 1
 
 
+def concurrent_scheduler() -> bool:
+    """Whether XLA:CPU schedules this process's programs for concurrency (its default), not
+    to minimize memory (configure_cpu's choice, or the user's XLA_FLAGS)."""
+    return f"{_SCHEDULER_FLAG}=false" not in os.environ.get("XLA_FLAGS", "")
+
+
 def jit_options(device: jax.Device | None = None) -> dict:
     """jax.jit's keyword arguments for a program placed on `device` (None: jax's default
     device): on a CPU whose XLA client runs one intra-op thread, XLA's single-threaded Eigen

@@ -337,10 +337,11 @@ def test_learning_rate_changes_reach_the_update():
 CORPUS = Path(__file__).parent / "data" / "corpus"
 
 
-def _corpus_session(name, threads, monkeypatch):
+def _corpus_session(name, threads, concurrent, monkeypatch):
     import jaxops.onnx.training as training
 
     monkeypatch.setattr(training, "xla_threads", lambda device=None: threads)
+    monkeypatch.setattr(training, "concurrent_scheduler", lambda: concurrent)
     d = CORPUS / name
     state = CheckpointState.load_checkpoint(d / "checkpoint")
     module = Module(str(d / "training_model.onnx"), state, str(d / "eval_model.onnx"),
@@ -348,16 +349,18 @@ def _corpus_session(name, threads, monkeypatch):
     return state, module, Optimizer(str(d / "optimizer_model.onnx"), module)
 
 
-def test_matrices_come_out_in_one_call_where_xla_has_threads(monkeypatch):
-    """On a CPU whose XLA runs more than one thread, the steps take the weight matrices out of
-    the packed buffer by one take_ranges call (jaxops/ops/ranges.py), the Gather's embedding
-    table by its slice; losses and eval outputs are those of the slices (gpt2_ts, corpus)."""
+def test_matrices_come_out_in_one_call(monkeypatch):
+    """On a CPU the train step takes the weight matrices out of the packed buffer by one
+    take_ranges call (jaxops/ops/ranges.py), the Gather's embedding table by its slice; the
+    eval step too where XLA runs more than one thread or schedules for concurrency (its
+    default), not on one thread with the memory-minimizing scheduler (configure_cpu's).
+    Losses and eval outputs are those of the slices (gpt2_ts, corpus)."""
     name = "gpt2_ts"
     ref = __import__("json").loads((CORPUS / name / "reference.json").read_text())
     data = np.load(CORPUS / name / "reference.npz")
     runs = {}
-    for threads in (1, 2):
-        state, module, optimizer = _corpus_session(name, threads, monkeypatch)
+    for threads, concurrent in ((1, False), (1, True), (2, False)):
+        state, module, optimizer = _corpus_session(name, threads, concurrent, monkeypatch)
         optimizer.set_learning_rate(ref["lr"])
         losses = []
         for step in range(2):
@@ -365,22 +368,27 @@ def test_matrices_come_out_in_one_call_where_xla_has_threads(monkeypatch):
             losses.append(float(module(*inputs)))
             optimizer.step()
             module.lazy_reset_grad()
+        p = state._packed
+        train = module._steps.get("train", p).lower(p.trained, p.grads, p.rest, inputs,
+                                                    module._flags[False]).compile().as_text()
         module.eval()
         eval_inputs = inputs[:len(module.input_names())]
         out = module(*eval_inputs)
         evals = [np.asarray(y) for y in (out if isinstance(out, (list, tuple)) else [out])]
-        p = state._packed
         hlo = module._steps.get("eval", p).lower(p.trained, p.rest, eval_inputs).compile()
-        hlo = hlo.as_text()
-        runs[threads] = (module._taken, losses, evals, hlo.count('"jaxops_take_ranges"'))
+        calls = [h.count('"jaxops_take_ranges"') for h in (train, hlo.as_text())]
+        runs[threads, concurrent] = (module._taken, losses, evals, calls)
     on_cpu = jax.default_backend() == "cpu"
-    taken, losses, evals, calls = runs[2]
     arrays = {**state.train_state.params, **state.train_state.frozen}
     matrices = {n for n, x in arrays.items() if x.ndim >= 2}
     table = "inner.transformer.wte.weight"
-    assert table in matrices and runs[1][0] == frozenset()
-    assert taken == (matrices - {table, "inner.transformer.wpe.weight"} if on_cpu else frozenset())
-    assert (len(taken) >= 4 or not on_cpu) and calls == int(on_cpu) and runs[1][3] == 0
-    np.testing.assert_allclose(losses, runs[1][1], rtol=1e-6)
-    for a, b in zip(evals, runs[1][2]):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert table in matrices
+    want = matrices - {table, "inner.transformer.wpe.weight"} if on_cpu else frozenset()
+    assert len(want) >= 4 or not on_cpu
+    for (threads, concurrent), (taken, losses, evals, calls) in runs.items():
+        eval_takes = threads > 1 or concurrent
+        assert taken == {"train": want, "eval": want if eval_takes else frozenset()}
+        assert calls == [int(on_cpu), int(on_cpu and eval_takes)]
+        np.testing.assert_allclose(losses, runs[1, False][1], rtol=1e-6)
+        for a, b in zip(evals, runs[1, False][2]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.cpu import cpu_device, jit_options, xla_threads
+from jaxops.cpu import concurrent_scheduler, cpu_device, jit_options, xla_threads
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
 from jaxops.onnx.program import POLL_MAX_FLOPS, cost, may_move, polls, wait_polling
@@ -203,20 +203,27 @@ class CheckpointState:
         return out
 
 
-def _taken_matrices(core, state, device) -> frozenset[str]:
-    """The parameters the steps take out of the packed buffers in one kernel call a dtype
-    (PackedState.unpack): on a CPU whose XLA runs more than one thread, the matrices (rank 2
-    and more) no Gather reads. XLA:CPU copies each such slice in a thunk of its own, each a
-    source of the program's thunk graph that its executor hands to another thread
-    (jaxops/ops/ranges.py); a Gather's table stays a slice, which XLA fuses into the Gather
-    (a copy would be the whole table's)."""
+def _taken_matrices(core, state, device) -> dict[str, frozenset[str]]:
+    """Step kind -> the parameters it takes out of the packed buffers in one kernel call a
+    dtype (PackedState.unpack): on a CPU, the matrices (rank 2 and more) no Gather reads.
+    XLA:CPU copies each slice in a thunk of its own (with the transpose a MatMul of the
+    torch exports applies), all ready at the program's start, and its executor hands some of
+    them to a pool thread: a hand-off, and on one core a context switch (jaxops/ops/ranges.py).
+    A Gather's table stays a slice, which XLA fuses into the Gather (a copy would be the whole
+    table's). An eval step on one thread takes them only where XLA schedules for concurrency
+    (its default; not after configure_cpu): there its copies were ready at once, A/B on 2
+    vCPUs (2026-11-29): llama_ts, gpt2_ts, vit_ts, distilbert_ts evals 0.56-0.69x the time
+    (train steps 0.96-0.99x); with the memory-minimizing scheduler evals took 0.96-1.09x,
+    train steps 0.93-1.00x (one core) and 0.96-0.99x (two)."""
     platform = device.platform if device is not None else jax.default_backend()
-    if platform != "cpu" or xla_threads(device) < 2:
-        return frozenset()
+    if platform != "cpu":
+        return {"train": frozenset(), "eval": frozenset()}
     gathered = {n.input[0] for p in (core.program, core.eval_program) if p is not None
                 for n in p.model.graph.node if n.op_type in _GATHERS and n.input}
     arrays = {**state.params, **state.frozen}
-    return frozenset(n for n, x in arrays.items() if jnp.ndim(x) >= 2 and n not in gathered)
+    taken = frozenset(n for n, x in arrays.items() if jnp.ndim(x) >= 2 and n not in gathered)
+    eval_taken = concurrent_scheduler() or xla_threads(device) > 1
+    return {"train": taken, "eval": taken if eval_taken else frozenset()}
 
 
 _GATHERS = frozenset({"Gather", "GatherElements", "GatherND"})
@@ -392,7 +399,7 @@ class Module:
                 # where adding each parameter's was a thunk (bert_ts: 21), all ready at once
                 # at the step's end, and XLA:CPU's executor handed some to another thread (a
                 # context switch a step on one core; the step 0.88-0.92x without, docs/perf)
-                outs, new = core.train_step(packed.unpack(self._taken), inputs, True)
+                outs, new = core.train_step(packed.unpack(self._taken["train"]), inputs, True)
                 fresh = packed.layout.pack(new.grads)
                 return outs, {key: jnp.where(reset, g, grads[key] + g)
                               for key, g in fresh.items()}
@@ -400,7 +407,7 @@ class Module:
 
         def eval_step(trained, rest, inputs):
             packed = PackedState.from_buffers(static, trained=trained, rest=rest)
-            return core.eval_step(packed.unpack(self._taken), inputs)
+            return core.eval_step(packed.unpack(self._taken["eval"]), inputs)
         return jax.jit(eval_step, **self._place)
 
     def __call__(self, *user_inputs):

@@ -142,9 +142,10 @@ def _ort_api(w, g, m1, m2, calls, lr):
         return cs
 
     cs = state()
-    # what Optimizer reads of a Module (_queued_small: no train step queued before it)
+    # what Optimizer reads of a Module (_queued_small: no train step queued before it;
+    # _device: where it runs, None for jax's default device)
     module = types.SimpleNamespace(core=types.SimpleNamespace(trained=names), state=cs,
-                                   _trained=tuple(names), _queued_small=True)
+                                   _trained=tuple(names), _queued_small=True, _device=None)
     opt = Optimizer(model, module)
     out = {}
 

@@ -81,7 +81,7 @@ def jit_options(device: jax.Device | None = None) -> dict:
     thread and runs the rest of the program there: a context switch a train step (llama_ts,
     corpus, one core), for no parallelism, as the calling thread only waits. Bound to one
     core, llama_ts's ORT-API step took 0.86-0.90x the time with them single-threaded
-    (2026-11-29, A/B in one process, tools in docs/performance.md)."""
+    (2026-11-29, A/B in one process; docs/performance.md, seventeenth session)."""
     device = jax.devices()[0] if device is None else device
     if device.platform != "cpu" or xla_threads(device) != 1:
         return {}

@@ -395,10 +395,10 @@ class Module:
                 packed = PackedState.from_buffers(static, trained=trained, grads=grads,
                                                   rest=rest)
                 # the step's own gradients (reset: the graph's accumulators pass them on),
-                # added to the old ones in the flat buffers: a copy and one loop a dtype,
-                # where adding each parameter's was a thunk (bert_ts: 21), all ready at once
-                # at the step's end, and XLA:CPU's executor handed some to another thread (a
-                # context switch a step on one core; the step 0.88-0.92x without, docs/perf)
+                # added to the old ones in the flat buffers: a copy and one loop a dtype.
+                # Adding each parameter's was a thunk (bert_ts: 21), all ready at once at the
+                # step's end, which XLA:CPU's executor split with its pool thread: a context
+                # switch a step on one core (docs/performance.md, seventeenth session)
                 outs, new = core.train_step(packed.unpack(self._taken["train"]), inputs, True)
                 fresh = packed.layout.pack(new.grads)
                 return outs, {key: jnp.where(reset, g, grads[key] + g)

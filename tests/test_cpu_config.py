@@ -30,14 +30,19 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def _probe(threads):
-    # a user's fresh process: one CPU device (conftest forces 8, which sizes XLA's pools too)
+def _fresh(script, *args, timeout=120) -> str:
+    """`script`'s stdout in a user's fresh process: one CPU device (conftest forces 8, which
+    sizes XLA's pools too), none of XLA's thread or flag settings."""
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(threads=threads)], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script, *args],
+                         env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=timeout)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return out.stdout
+
+
+def _probe(threads):
+    return json.loads(_fresh(_PROBE.format(threads=threads)).strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
@@ -161,10 +166,7 @@ def test_session_options_configured_first_are_quiet():
         assert m._device is jax.devices("cpu")[0]  # the process's client already runs one
         print("ok")
     """)
-    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
-    out = subprocess.run([sys.executable, "-c", script], env={**env, "JAX_PLATFORMS": "cpu"},
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    assert _fresh(script).strip().endswith("ok")
 
 
 def test_session_options_leave_a_gpu_module_on_the_gpu():
@@ -267,13 +269,8 @@ def test_one_thread_train_steps_run_on_the_calling_thread():
     the gradients added in the flat buffers (bert_ts: 21 additions ready at once, which XLA's
     executor split with that thread, 3 a step)."""
     corpus = Path(__file__).resolve().parent / "data" / "corpus"
-    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run([sys.executable, "-c", _STEPS, *(str(corpus / m) for m in
-                                                          ("llama_ts", "bert_ts"))],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    out = _fresh(_STEPS, *(str(corpus / m) for m in ("llama_ts", "bert_ts")), timeout=300)
+    counts = json.loads(out.strip().splitlines()[-1])
     assert all(n <= 3 for n in counts.values()), counts  # (30 steps: 30 and 90 before)
 
 

@@ -601,9 +601,9 @@ class Program:
                           for k, v in params.items()}
             return jitted(params_one, one,
                           out_shardings=jax.sharding.SingleDeviceSharding(one)), one
-        home = next((x.devices() for x in params.values() if isinstance(x, jax.Array)), set())
-        return PollingJit(jitted(params, next(iter(home)) if len(home) == 1 else None),
-                          move if may_move(params) else None)
+        home = next((d for x in params.values() if isinstance(x, jax.Array)
+                     for d in x.devices()), None)
+        return PollingJit(jitted(params, home), move if may_move(params) else None)
 
     def _check_params(self, params) -> None:
         names = self.input_names

@@ -4,9 +4,9 @@
 conv_general takes it for the channels-last convolutions of an inference forward on the CPU (the
 importer's Conv where no ConvGrad follows: `program.jit()`, the ORT-API Module's eval): XLA:CPU
 ran them in several thunks each (pad, slices, concatenate, dot, transposes) or through its
-generic convolution, at well below the core's FMA peak; the kernel packs a few output pixels'
-patch rows (contiguous runs in NHWC) and multiplies them by 16-channel weight panels in
-registers (6 pixels x 16 channels on AVX2, 12 x 32 on AVX-512, picked at run time), skipping
+generic convolution, at well below the core's FMA peak; the kernel multiplies a few output
+pixels' patch rows (contiguous runs in NHWC, read in place or packed) by 16-channel weight
+panels in registers (6 pixels x 16 channels on AVX2, 12 x 32 on AVX-512, picked at run time), skipping
 the taps that read only pads where that saves work (a dilated 3x3 on a small map). Not a public
 op: its own derivatives are the reference's (XLA's convolution; conv_general gives it those of
 the form it replaces), and it lowers as XLA's convolution off the CPU.

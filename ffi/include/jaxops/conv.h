@@ -2,9 +2,10 @@
 // [KH, KW, C / G, O] (HWIO, G groups: output channel j reads input channels of group
 // j / (O / G)), f32, into y [N, OH, OW, O]. XLA:CPU's own convolution and windowed_conv's
 // im2col + matmul run such convolutions in several thunks at well below the core's FMA peak
-// (DeepLabV3's 3-channel 7x7 stem ~60% of it); this is one pass that packs a block of MR
-// output pixels' patch rows (kernel rows are contiguous runs in NHWC) and multiplies them
-// by 16-channel panels of the weights in registers (a tile of FMAs: 6 pixels x 16 channels
+// (DeepLabV3's 3-channel 7x7 stem ~60% of it); this is one pass that multiplies a block of
+// MR output pixels' patch rows (kernel rows are contiguous runs in NHWC: read where they lie
+// in x or a zero-bordered copy of it, packed where groups or dilations split them) by
+// 16-channel panels of the weights in registers (a tile of FMAs: 6 pixels x 16 channels
 // on AVX2, 12 x 32 on AVX-512, picked at run time). Where the pads cost much (a dilated 3x3
 // on a small map reads pads at most of its taps), the outputs go in bands of those whose taps
 // inside x are the same, and only those taps are computed.
@@ -202,11 +203,14 @@ inline void store_tile(const float* acc, const Store& out) {
 }
 
 // Where a tile reads one group's patch rows and weights: row r's value i of tap t is
-// a[r * row + t * tap + i], for t < taps, i < cg, and its weights are the panel's row
-// t * panel_tap / 16 + i (one group: kernel rows of the band's taps; else tap by tap).
+// a[r * row + t * tap + i] (packed), or in place in x, rows[r][t * tap + i] (`rows` given),
+// for t < taps, i < cg, and its weights are the panel's row t * panel_tap / 16 + i (one
+// group: kernel rows of the band's taps; else tap by tap).
 struct Patches {
   const float* a;
   int64_t row, taps, tap, cg, panel_tap;
+  const float* const* rows = nullptr;
+  const float* at(int r, int64_t t) const { return (rows ? rows[r] : a + r * row) + t * tap; }
 };
 
 // A tile: y[r][j] = finish(sum_i a[r][i] * panels[i][j]) for the tiling's rows and the columns
@@ -221,7 +225,7 @@ inline void tile_generic(const Patches& s, int64_t, const float* panel, const St
     const float* b = panel + t * s.panel_tap;
     for (int64_t i = 0; i < s.cg; ++i, b += kCols)
       for (int r = 0; r < 6; ++r) {
-        const float v = s.a[r * s.row + t * s.tap + i];
+        const float v = s.at(r, t)[i];
         for (int j = 0; j < kCols; ++j) c[r][j] += v * b[j];
       }
   }
@@ -239,8 +243,8 @@ __attribute__((target("avx2,fma"))) inline void tile_avx2(const Patches& s, int6
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t t = 0; t < s.taps; ++t) {
-    const float *a0 = s.a + t * s.tap, *a1 = a0 + s.row, *a2 = a1 + s.row, *a3 = a2 + s.row,
-                *a4 = a3 + s.row, *a5 = a4 + s.row;
+    const float *a0 = s.at(0, t), *a1 = s.at(1, t), *a2 = s.at(2, t), *a3 = s.at(3, t),
+                *a4 = s.at(4, t), *a5 = s.at(5, t);
     const float* b = panel + t * s.panel_tap;
     for (int64_t i = 0; i < s.cg; ++i, b += kCols) {
       const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
@@ -275,14 +279,16 @@ __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int
   for (auto& row : c)
     for (auto& v : row) v = _mm512_setzero_ps();
   for (int64_t t = 0; t < s.taps; ++t) {
-    const float* a = s.a + t * s.tap;
+    const float* a[12];
+#pragma GCC unroll 12
+    for (int r = 0; r < 12; ++r) a[r] = s.at(r, t);
     const float* w = panel + t * s.panel_tap;
     for (int64_t i = 0; i < s.cg; ++i, w += kCols) {
       __m512 b[P];
       for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(w + p * k * kCols);
 #pragma GCC unroll 12
       for (int r = 0; r < 12; ++r) {
-        const __m512 v = _mm512_set1_ps(a[r * s.row + i]);
+        const __m512 v = _mm512_set1_ps(a[r][i]);
         for (int p = 0; p < P; ++p) c[r][p] = _mm512_fmadd_ps(v, b[p], c[r][p]);
       }
     }
@@ -443,6 +449,15 @@ inline Patches band_patches(const Geometry& g, const Band& band, int64_t gi, con
   return {a, len, nky, nkx * g.c, nkx * g.c, g.kw * g.c * kCols};
 }
 
+// Where a tile reads the patch rows of `band` in place (one group, kernel rows contiguous in
+// x): kernel row t of row r at rows[r] + t * dh * W * C, the band's taps of it in one run.
+inline Patches in_place_patches(const Geometry& g, const Band& band, const float* const* rows,
+                                int64_t& first) {
+  first = (band.y.k0 * g.kw + band.x.k0) * g.c;
+  return {nullptr, 0, band.y.k1 - band.y.k0, g.dh * g.w * g.c, (band.x.k1 - band.x.k0) * g.c,
+          g.kw * g.c * kCols, rows};
+}
+
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
 // The outputs go in bands whose taps inside x are the same, on the axes where that saves work
 // over computing the taps that read the zero pads (cost): DeepLabV3's dilated 3x3s at 4x4 read
@@ -492,6 +507,11 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const Geometry g = pad ? padded(o, x, copy) : o;
   if (pad) x = copy.data();
   const PackFn pack = pad || (in_y && in_x) ? t.unchecked : t.checked;
+  // One group, undilated kernel rows, every tap inside x (or its copy): the tiles read the
+  // patch rows where they lie, unpacked (one AVX-512 core, 2026-11-29: DeepLabV3's 3x3 of 64
+  // channels on 8x8 28.6 -> 24.4 us, MobileNetV3's 3-channel 3x3 stem 9.6 -> 7.4 us)
+  const bool in_place = g.groups == 1 && g.dw == 1 && (pad || (in_y && in_x));
+  const float* rows_at[kMaxRows];
   const int64_t k = g.k(), count = panels_of(g);
   if (panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
@@ -518,10 +538,18 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
         }
         for (int64_t q0 = 0; q0 < chunk; q0 += t.rows) {
           const int rows = int(std::min<int64_t>(t.rows, chunk - q0));
-          if (len) pack(g, band, x, taps.data() + q0, rows, t.rows, a.data());
+          if (in_place) {
+            for (int r = 0; r < t.rows; ++r) {
+              const Tap& at = taps[q0 + (r < rows ? r : 0)];
+              rows_at[r] = x + ((at.b * g.h + at.iy) * g.w + at.ix) * g.c;
+            }
+          } else if (len) {
+            pack(g, band, x, taps.data() + q0, rows, t.rows, a.data());
+          }
           for (int64_t gi = 0; gi < g.groups; ++gi) {
             int64_t first;
-            const Patches s = band_patches(g, band, gi, a.data(), first);
+            const Patches s = in_place ? in_place_patches(g, band, rows_at, first)
+                                       : band_patches(g, band, gi, a.data(), first);
             for (int64_t p = 0; p < count; p += t.panels) {
               const bool full = p + t.panels <= count;
               const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,

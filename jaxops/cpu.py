@@ -73,7 +73,51 @@ def concurrent_scheduler() -> bool:
     return f"{_SCHEDULER_FLAG}=false" not in os.environ.get("XLA_FLAGS", "")
 
 
-def jit_options(device: jax.Device | None = None) -> dict:
+# The largest matmul (FLOPs, jaxpr's dot_general) of a one-thread program that runs its matmuls
+# as XLA's own dots rather than in YNNPACK fusions: at these sizes a fusion's call costs more
+# than its kernel gains (docs/performance.md, eighteenth session).
+YNN_MAX_DOT_FLOPS = 1 << 18
+_YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+_ynn_known: list[bool] = []
+
+
+def _ynn_option_known() -> bool:
+    """Whether this jaxlib's XLA:CPU has YNNPACK fusions to turn off (jax 0.8's does not, and
+    rejects the option): compiled once, a trivial program."""
+    if not _ynn_known:
+        try:
+            jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), "float32")).compile(
+                compiler_options={_YNN_OPTION: ""})
+            _ynn_known.append(True)
+        except Exception:  # noqa: BLE001 (any refusal means the option is not there)
+            _ynn_known.append(False)
+    return _ynn_known[0]
+
+
+def largest_dot_flops(jaxpr) -> int:
+    """The most FLOPs of one dot_general in `jaxpr` (a Jaxpr or ClosedJaxpr) and the jaxprs in
+    its equations' parameters (jit, cond branches, custom derivatives); 0 where none."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    most = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            k = 1
+            for d in contract:
+                k *= lhs[d]
+            n = 1
+            for d in eqn.outvars[0].aval.shape:
+                n *= d
+            most = max(most, 2 * n * k)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    most = max(most, largest_dot_flops(sub))
+    return most
+
+
+def jit_options(device: jax.Device | None = None, jaxpr=None) -> dict:
     """jax.jit's keyword arguments for a program placed on `device` (None: jax's default
     device): on a CPU whose XLA client runs one intra-op thread, XLA's single-threaded Eigen
     kernels. With the multi-threaded ones XLA:CPU hands each Eigen matmul (the transposed
@@ -81,11 +125,18 @@ def jit_options(device: jax.Device | None = None) -> dict:
     thread and runs the rest of the program there: a context switch a train step (llama_ts,
     corpus, one core), for no parallelism, as the calling thread only waits. Bound to one
     core, llama_ts's ORT-API step took 0.86-0.90x the time with them single-threaded
-    (2026-11-29, A/B in one process; docs/performance.md, seventeenth session)."""
+    (2026-11-29, A/B in one process; docs/performance.md, seventeenth session).
+    `jaxpr` (where given: a function of no arguments that returns the program's jaxpr, called
+    only for such a device): if its matmuls are all at most YNN_MAX_DOT_FLOPS, XLA's own dots
+    instead of YNNPACK fusions (eighteenth session)."""
     device = jax.devices()[0] if device is None else device
     if device.platform != "cpu" or xla_threads(device) != 1:
         return {}
-    return {"compiler_options": {"xla_cpu_multi_thread_eigen": False}}
+    options = {"xla_cpu_multi_thread_eigen": False}
+    if (jaxpr is not None and _ynn_option_known()
+            and largest_dot_flops(jaxpr()) <= YNN_MAX_DOT_FLOPS):
+        options[_YNN_OPTION] = ""
+    return {"compiler_options": options}
 
 
 def _check_threads(fn: str, threads) -> int:

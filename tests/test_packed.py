@@ -233,10 +233,11 @@ def test_eval_step_takes_only_the_parameter_buffers(monkeypatch):
                     ["rest", "trained"]]
     np.testing.assert_allclose(losses, [want] * 3, rtol=1e-6)
     p = state._packed
-    step = module._steps.get("eval", p)
-    assert step is module._steps.get("eval", p.replace(grads={}))  # made once per layouts
+    args = (p.trained, p.rest, [x, y])
+    step = module._steps.get("eval", p, args)
+    assert step is module._steps.get("eval", p.replace(grads={}), args)  # made once per layouts
     # its arguments: the one trained buffer (mlp: nothing in rest) and the 2 inputs
-    assert len(jax.tree.leaves(step.lower(p.trained, p.rest, [x, y]).args_info)) == 3
+    assert len(jax.tree.leaves(step.lower(*args).args_info)) == 3
 
 
 def test_steps_hash_no_layout_per_call(monkeypatch):

@@ -258,7 +258,7 @@ class _Steps:
         """(The step `kind`'s outputs on `args`, whether the step is small: program.polls).
         With `wait`, a small step returns when its outputs are ready (program.wait_polling),
         as ORT's calls do, sparing the cross-core wakes of XLA:CPU's async dispatch."""
-        fn = self.get(kind, packed)
+        fn = self.get(kind, packed, args)
         small = self._polls.get(fn)
         if small is None:  # before the first call, which may donate the buffers; cached after
             small = self._polls[fn] = polls(fn.lower(*args).compile())
@@ -267,7 +267,9 @@ class _Steps:
             wait_polling(out)
         return out, small
 
-    def get(self, kind: str, packed: PackedState):
+    def get(self, kind: str, packed: PackedState, args=None):
+        """The step `kind` for `packed`'s layouts; made (on `args`, its arguments: they are
+        needed then) where there is none yet."""
         last = self._last.get(kind)
         if (last is not None and last[0] is packed.layout and last[1] is packed.rest_layout
                 and last[2] is packed.order):
@@ -275,7 +277,7 @@ class _Steps:
         static = packed.static
         fn = self._fns.get((kind, static))
         if fn is None:
-            fn = self._fns[kind, static] = self._make(kind, static)
+            fn = self._fns[kind, static] = self._make(kind, static, args)
         self._last[kind] = (*static, fn)
         return fn
 
@@ -360,7 +362,7 @@ class Module:
         # With a device, the steps place their arguments there themselves: numpy inputs go
         # straight to it, arrays elsewhere move. A jax.device_put of the inputs first cost
         # 90-170 us a step on a CPU (gpt2_ts, one core), more than the eval step's program.
-        self._place = jit_options(device)
+        self._place = {}  # (and jit_options, which a step's jaxpr decides: _make_step)
         if device is not None:
             on = jax.sharding.SingleDeviceSharding(device)
             self._place.update(in_shardings=on, out_shardings=on)
@@ -378,13 +380,19 @@ class Module:
         Returns whether it moved. An eval call first counts three times its cost: the
         Module's place serves its train steps too (the corpus's: 2.7-6.0 times its evals)."""
         self._may_move = False
-        flops = cost(self._steps.get(kind, packed).lower(*args))[0]
+        flops = cost(self._steps.get(kind, packed, args).lower(*args))[0]
         if not 0 <= flops * (1 if kind == "train" else 3) <= SMALL_FLOPS:
             return False
         self._use_device(cpu_device(1))
         return True
 
-    def _make_step(self, kind, static):
+    def _jit(self, step, args, **kwargs):
+        """jax.jit of a step with this Module's placement and jit_options (which read the
+        step's jaxpr on `args` on a one-thread CPU)."""
+        options = jit_options(self._device, lambda: jax.make_jaxpr(step)(*args))
+        return jax.jit(step, **kwargs, **self._place, **options)
+
+    def _make_step(self, kind, static, args):
         """The jitted step `kind` for the packed state's layouts `static`, closed over: as a
         static argument jit hashes it every call (2 us, bert_ts). The steps take the buffers
         as dicts, which a jitted call dispatches 10-16 us faster than the PackedState
@@ -403,12 +411,12 @@ class Module:
                 fresh = packed.layout.pack(new.grads)
                 return outs, {key: jnp.where(reset, g, grads[key] + g)
                               for key, g in fresh.items()}
-            return jax.jit(train_step, donate_argnums=1, **self._place)
+            return self._jit(train_step, args, donate_argnums=1)
 
         def eval_step(trained, rest, inputs):
             packed = PackedState.from_buffers(static, trained=trained, rest=rest)
             return core.eval_step(packed.unpack(self._taken["eval"]), inputs)
-        return jax.jit(eval_step, **self._place)
+        return self._jit(eval_step, args)
 
     def __call__(self, *user_inputs):
         """One step: in train mode forward + backward (gradients accumulate); in eval mode the
@@ -516,7 +524,7 @@ class Optimizer:
         self._count = (None, None)  # (the host step count, the same count on the device)
         self._lr_on_device = (None, None)  # (a learning rate, it on the device)
 
-    def _make_update(self, kind, static):
+    def _make_update(self, kind, static, args):  # noqa: ARG002 (no matmuls for jit_options)
         """The jitted update of the packed state's buffers (see Module._make_step), all
         donated: it passes grads and rest through, which jit copies unless they are donated.
         It returns the new step count and the learning rate on the device too: handed to

@@ -275,6 +275,40 @@ def test_one_thread_train_steps_run_on_the_calling_thread():
 
 
 @pytest.mark.usefixtures("needs_cpu")
+def test_largest_dot_flops_looks_into_nested_jaxprs():
+    from jaxops.cpu import largest_dot_flops
+
+    def f(p, a, b, c):
+        inner = jax.jit(lambda x, y: jnp.einsum("bij,bjk->bik", x, y))
+        branch = jax.lax.cond(p, lambda: a @ b, lambda: jnp.zeros(a.shape[:1] + b.shape[1:]))
+        return inner(c, jnp.ones((3, 6, 7))), branch
+    small = (True, jnp.ones((8, 16)), jnp.ones((16, 4)), jnp.ones((3, 5, 6)))
+    assert largest_dot_flops(jax.make_jaxpr(f)(*small)) == 2 * 3 * 5 * 7 * 6  # the jit's
+    big = (True, jnp.ones((8, 16)), jnp.ones((16, 40)), jnp.ones((3, 5, 6)))
+    assert largest_dot_flops(jax.make_jaxpr(f)(*big)) == 2 * 8 * 40 * 16  # the branch's
+    assert largest_dot_flops(jax.make_jaxpr(lambda c: c + 1)(1.0)) == 0
+
+
+def test_jit_options_leave_small_matmuls_to_xla_on_one_thread():
+    """A one-thread program whose matmuls are all small runs them as XLA's dots (YNNPACK
+    fusions off, where this jaxlib has them); others keep XLA's choice, and a multi-threaded
+    client never reads the jaxpr."""
+    from jaxops.cpu import YNN_MAX_DOT_FLOPS, _ynn_option_known, jit_options
+    one = jaxops.cpu_device(1)
+    small = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((4, 8)), jnp.ones((8, 4)))
+    n = int(YNN_MAX_DOT_FLOPS ** (1 / 3)) + 2
+    big = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((n, n)), jnp.ones((n, n)))
+    options = jit_options(one, lambda: small)["compiler_options"]
+    assert options.get("xla_cpu_experimental_ynn_fusion_type") == \
+        ("" if _ynn_option_known() else None)
+    assert "xla_cpu_experimental_ynn_fusion_type" not in \
+        jit_options(one, lambda: big)["compiler_options"]
+    assert jit_options(jaxops.cpu_device(3), lambda: 1 / 0) == {}
+    f = jax.jit(lambda a, b: a @ b, **jit_options(one, lambda: small))
+    x = jax.device_put(np.arange(32, dtype=np.float32).reshape(4, 8), one)
+    np.testing.assert_allclose(np.asarray(f(x, x.T)), np.asarray(x) @ np.asarray(x).T)
+
+
 def test_jit_options_single_thread_eigen_where_one_thread_runs():
     from jaxops.cpu import jit_options
     one = {"compiler_options": {"xla_cpu_multi_thread_eigen": False}}

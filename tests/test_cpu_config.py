@@ -275,6 +275,30 @@ def test_one_thread_train_steps_run_on_the_calling_thread():
 
 
 @pytest.mark.usefixtures("needs_cpu")
+def test_one_thread_forward_is_made_for_its_first_call():
+    """program.jit() under configure_cpu(1): its first call makes the forward again with
+    jit_options read from that call's jaxpr (MobileNetV3's small matmuls: XLA's dots), and it
+    computes what the program does."""
+    script = textwrap.dedent("""
+        import sys
+        import jax
+        import numpy as np
+        import jaxops
+        jaxops.configure_cpu(threads=1)
+        from jaxops.onnx import load
+        program = load(sys.argv[1])
+        x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+        forward = program.jit()
+        got = forward(x)
+        assert forward._remake is None
+        np.testing.assert_allclose(np.asarray(got), np.asarray(program(program.params, x)),
+                                   rtol=1e-5, atol=1e-6)
+        print("ok")
+    """)
+    corpus = Path(__file__).resolve().parent / "data" / "corpus"
+    assert _fresh(script, str(corpus / "mobilenetv3_ts" / "forward.onnx")).strip().endswith("ok")
+
+
 def test_largest_dot_flops_looks_into_nested_jaxprs():
     from jaxops.cpu import largest_dot_flops
 

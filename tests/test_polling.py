@@ -132,6 +132,21 @@ def test_polling_jit_waits_for_its_results(patient):
         assert all(polled(X).is_ready() for _ in range(3))
 
 
+def test_polling_jit_remakes_its_function_for_the_first_calls_arguments():
+    """program.jit() on a one-thread CPU: jit_options read the first call's jaxpr (its matmuls'
+    sizes), so the function is made again for that call's arguments, once; not for a call
+    under a transformation (no arguments to run)."""
+    made = []
+
+    def remake(args, kwargs):
+        made.append((args, kwargs))
+        return jax.jit(lambda x: x * 3)
+    f = program.PollingJit(jax.jit(lambda x: x * 2), remake=remake)
+    assert float(jax.jit(f)(1.0)) == 2.0 and made == []  # traced: the function as given
+    assert float(f(1.0)) == 3.0 and float(f(2.0)) == 6.0
+    assert made == [((1.0,), {})]
+
+
 @pytest.mark.skipif(not CPU, reason="polling is for CPU programs")
 def test_module_eval_and_optimizer_step_poll_train_step_does_not_wait(patient):
     d = DATA / "mlp"

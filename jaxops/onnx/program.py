@@ -147,23 +147,29 @@ class PollingJit:
     """A jitted function whose calls wait for their results by polling where its program is
     small (`polls`, decided at the first call). `move`, where given, makes the same function on
     `cpu_device(1)`: a program of at most POLL_MAX_FLOPS then runs there from its first call
-    on (`may_move`). Other attributes (`lower`, `trace`, ...) are the jitted function's."""
+    on (`may_move`). `move(args, kwargs)` and `remake(args, kwargs)` (where given: `fn` made
+    again for the first call's arguments, whose jaxpr jit_options reads) get that call's
+    arguments. Other attributes (`lower`, `trace`, ...) are the jitted function's."""
 
-    def __init__(self, fn, move=None):
-        self._fn, self._polls, self._move = fn, None, move
+    def __init__(self, fn, move=None, remake=None):
+        self._fn, self._polls, self._move, self._remake = fn, None, move, remake
         self._device = None  # where a moved program runs: arrays given from elsewhere go there
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
         if self._device is not None:
             args, kwargs = jax.tree_util.tree_map(self._onto, (args, kwargs))
+        if self._remake is not None and not any(
+                isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            self._fn = self.__wrapped__ = self._remake(args, kwargs)
+            self._remake = None
         out = self._fn(*args, **kwargs)
         if self._polls is None:
             if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
                 return out  # under a transformation: nothing runs now
             compiled = self._fn.lower(*args, **kwargs).compile()  # cached: ~1 ms
             if self._move is not None and 0 <= cost(compiled)[0] <= POLL_MAX_FLOPS:
-                self._fn, self._device = self._move()
+                self._fn, self._device = self._move(args, kwargs)
                 self.__wrapped__, self._polls = self._fn, False  # one thread: ready on return
                 return self(*args, **kwargs)
             self._polls = polls(compiled)
@@ -591,19 +597,25 @@ class Program:
         self._check_params(params)
         params = _on_device(params)
 
-        def jitted(params, device, **placed):  # (device: where the params are, None: default)
-            return jax.jit(lambda *args, **kwargs: self(params, *args, **kwargs), **placed,
-                           **jit_options(device))
+        def jitted(params, device, args=None, kwargs=None, **placed):
+            # (device: where the params are, None: default; args, kwargs: a call's arguments,
+            # whose jaxpr jit_options reads on a one-thread CPU)
+            def forward(*args, **kwargs):
+                return self(params, *args, **kwargs)
+            jaxpr = None if args is None else lambda: jax.make_jaxpr(forward)(*args, **kwargs)
+            return jax.jit(forward, **placed, **jit_options(device, jaxpr))
 
-        def move():  # (the outputs' sharding places the program, numpy params included)
+        def move(args, kwargs):  # (the outputs' sharding places the program, numpy params too)
             one = cpu_device(1)
             params_one = {k: jax.device_put(v, one) if isinstance(v, jax.Array) else v
                           for k, v in params.items()}
-            return jitted(params_one, one,
+            return jitted(params_one, one, args, kwargs,
                           out_shardings=jax.sharding.SingleDeviceSharding(one)), one
         home = next((d for x in params.values() if isinstance(x, jax.Array)
                      for d in x.devices()), None)
-        return PollingJit(jitted(params, home), move if may_move(params) else None)
+        remake = (lambda args, kwargs: jitted(params, home, args, kwargs)) \
+            if jit_options(home) else None  # (a one-thread CPU: the call's jaxpr decides)
+        return PollingJit(jitted(params, home), move if may_move(params) else None, remake)
 
     def _check_params(self, params) -> None:
         names = self.input_names

@@ -81,13 +81,14 @@ _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 _ynn_known: list[bool] = []
 
 
-def _ynn_option_known() -> bool:
+def _ynn_option_known(device: jax.Device) -> bool:
     """Whether this jaxlib's XLA:CPU has YNNPACK fusions to turn off (jax 0.8's does not, and
-    rejects the option): compiled once, a trivial program."""
+    rejects the option): a trivial program compiled once for `device`, a CPU."""
     if not _ynn_known:
         try:
-            jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), "float32")).compile(
-                compiler_options={_YNN_OPTION: ""})
+            one = jax.sharding.SingleDeviceSharding(device)
+            jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), "float32", sharding=one)) \
+                .compile(compiler_options={_YNN_OPTION: ""})
             _ynn_known.append(True)
         except Exception:  # noqa: BLE001 (any refusal means the option is not there)
             _ynn_known.append(False)
@@ -133,7 +134,7 @@ def jit_options(device: jax.Device | None = None, jaxpr=None) -> dict:
     if device.platform != "cpu" or xla_threads(device) != 1:
         return {}
     options = {"xla_cpu_multi_thread_eigen": False}
-    if (jaxpr is not None and _ynn_option_known()
+    if (jaxpr is not None and _ynn_option_known(device)
             and largest_dot_flops(jaxpr()) <= YNN_MAX_DOT_FLOPS):
         options[_YNN_OPTION] = ""
     return {"compiler_options": options}

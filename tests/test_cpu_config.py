@@ -324,7 +324,7 @@ def test_jit_options_leave_small_matmuls_to_xla_on_one_thread():
     big = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((n, n)), jnp.ones((n, n)))
     options = jit_options(one, lambda: small)["compiler_options"]
     assert options.get("xla_cpu_experimental_ynn_fusion_type") == \
-        ("" if _ynn_option_known() else None)
+        ("" if _ynn_option_known(one) else None)
     assert "xla_cpu_experimental_ynn_fusion_type" not in \
         jit_options(one, lambda: big)["compiler_options"]
     assert jit_options(jaxops.cpu_device(3), lambda: 1 / 0) == {}

@@ -274,7 +274,6 @@ def test_one_thread_train_steps_run_on_the_calling_thread():
     assert all(n <= 3 for n in counts.values()), counts  # (30 steps: 30 and 90 before)
 
 
-@pytest.mark.usefixtures("needs_cpu")
 def test_one_thread_forward_is_made_for_its_first_call():
     """program.jit() under configure_cpu(1): its first call makes the forward again with
     jit_options read from that call's jaxpr (MobileNetV3's small matmuls: XLA's dots), and it
@@ -313,6 +312,7 @@ def test_largest_dot_flops_looks_into_nested_jaxprs():
     assert largest_dot_flops(jax.make_jaxpr(lambda c: c + 1)(1.0)) == 0
 
 
+@pytest.mark.usefixtures("needs_cpu")
 def test_jit_options_leave_small_matmuls_to_xla_on_one_thread():
     """A one-thread program whose matmuls are all small runs them as XLA's dots (YNNPACK
     fusions off, where this jaxlib has them); others keep XLA's choice, and a multi-threaded
@@ -333,6 +333,7 @@ def test_jit_options_leave_small_matmuls_to_xla_on_one_thread():
     np.testing.assert_allclose(np.asarray(f(x, x.T)), np.asarray(x) @ np.asarray(x).T)
 
 
+@pytest.mark.usefixtures("needs_cpu")
 def test_jit_options_single_thread_eigen_where_one_thread_runs():
     from jaxops.cpu import jit_options
     one = {"compiler_options": {"xla_cpu_multi_thread_eigen": False}}

@@ -16,6 +16,8 @@ measured counts, kept there only).
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 
 import jax
@@ -78,21 +80,19 @@ def concurrent_scheduler() -> bool:
 # than its kernel gains (docs/performance.md, eighteenth session).
 YNN_MAX_DOT_FLOPS = 1 << 18
 _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
-_ynn_known: list[bool] = []
 
 
+@functools.cache
 def _ynn_option_known(device: jax.Device) -> bool:
     """Whether this jaxlib's XLA:CPU has YNNPACK fusions to turn off (jax 0.8's does not, and
     rejects the option): a trivial program compiled once for `device`, a CPU."""
-    if not _ynn_known:
-        try:
-            one = jax.sharding.SingleDeviceSharding(device)
-            jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), "float32", sharding=one)) \
-                .compile(compiler_options={_YNN_OPTION: ""})
-            _ynn_known.append(True)
-        except Exception:  # noqa: BLE001 (any refusal means the option is not there)
-            _ynn_known.append(False)
-    return _ynn_known[0]
+    try:
+        one = jax.sharding.SingleDeviceSharding(device)
+        jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), "float32", sharding=one)) \
+            .compile(compiler_options={_YNN_OPTION: ""})
+    except Exception:  # noqa: BLE001 (any refusal means the option is not there)
+        return False
+    return True
 
 
 def largest_dot_flops(jaxpr) -> int:
@@ -104,13 +104,8 @@ def largest_dot_flops(jaxpr) -> int:
         if eqn.primitive.name == "dot_general":
             (contract, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape
-            k = 1
-            for d in contract:
-                k *= lhs[d]
-            n = 1
-            for d in eqn.outvars[0].aval.shape:
-                n *= d
-            most = max(most, 2 * n * k)
+            k = math.prod(lhs[d] for d in contract)
+            most = max(most, 2 * k * math.prod(eqn.outvars[0].aval.shape))
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
@@ -138,6 +133,12 @@ def jit_options(device: jax.Device | None = None, jaxpr=None) -> dict:
             and largest_dot_flops(jaxpr()) <= YNN_MAX_DOT_FLOPS):
         options[_YNN_OPTION] = ""
     return {"compiler_options": options}
+
+
+def jit_options_for(device: jax.Device | None, fn, args, kwargs=None) -> dict:
+    """jit_options for `fn` called on `args` (and `kwargs`): its jaxpr there, traced only
+    where jit_options reads it (a one-thread CPU)."""
+    return jit_options(device, lambda: jax.make_jaxpr(fn)(*args, **(kwargs or {})))
 
 
 def _check_threads(fn: str, threads) -> int:

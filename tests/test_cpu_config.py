@@ -317,7 +317,7 @@ def test_jit_options_leave_small_matmuls_to_xla_on_one_thread():
     """A one-thread program whose matmuls are all small runs them as XLA's dots (YNNPACK
     fusions off, where this jaxlib has them); others keep XLA's choice, and a multi-threaded
     client never reads the jaxpr."""
-    from jaxops.cpu import YNN_MAX_DOT_FLOPS, _ynn_option_known, jit_options
+    from jaxops.cpu import YNN_MAX_DOT_FLOPS, _ynn_option_known, jit_options, jit_options_for
     one = jaxops.cpu_device(1)
     small = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((4, 8)), jnp.ones((8, 4)))
     n = int(YNN_MAX_DOT_FLOPS ** (1 / 3)) + 2
@@ -328,6 +328,12 @@ def test_jit_options_leave_small_matmuls_to_xla_on_one_thread():
     assert "xla_cpu_experimental_ynn_fusion_type" not in \
         jit_options(one, lambda: big)["compiler_options"]
     assert jit_options(jaxops.cpu_device(3), lambda: 1 / 0) == {}
+    # jit_options_for traces the function on the arguments it is given
+    matmul = lambda a, b: a @ b  # noqa: E731
+    assert jit_options_for(one, matmul, (jnp.ones((4, 8)), jnp.ones((8, 4)))) == \
+        jit_options(one, lambda: small)
+    assert jit_options_for(one, matmul, (), {"a": jnp.ones((n, n)), "b": jnp.ones((n, n))}) \
+        == jit_options(one, lambda: big)
     f = jax.jit(lambda a, b: a @ b, **jit_options(one, lambda: small))
     x = jax.device_put(np.arange(32, dtype=np.float32).reshape(4, 8), one)
     np.testing.assert_allclose(np.asarray(f(x, x.T)), np.asarray(x) @ np.asarray(x).T)

@@ -31,7 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from jaxops._src.disable import disabled, routed_to_xla
-from jaxops.cpu import cpu_device, jit_options, xla_threads
+from jaxops.cpu import cpu_device, jit_options, jit_options_for, xla_threads
 from jaxops.onnx import functions, registry, signature
 from jaxops.onnx import precision as _precision
 from jaxops.onnx.errors import OnnxImportError
@@ -602,8 +602,9 @@ class Program:
             # whose jaxpr jit_options reads on a one-thread CPU)
             def forward(*args, **kwargs):
                 return self(params, *args, **kwargs)
-            jaxpr = None if args is None else lambda: jax.make_jaxpr(forward)(*args, **kwargs)
-            return jax.jit(forward, **placed, **jit_options(device, jaxpr))
+            options = jit_options(device) if args is None else \
+                jit_options_for(device, forward, args, kwargs)
+            return jax.jit(forward, **placed, **options)
 
         def move(args, kwargs):  # (the outputs' sharding places the program, numpy params too)
             one = cpu_device(1)

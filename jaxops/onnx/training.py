@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.cpu import concurrent_scheduler, cpu_device, jit_options, xla_threads
+from jaxops.cpu import concurrent_scheduler, cpu_device, jit_options, jit_options_for, xla_threads
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
 from jaxops.onnx.program import POLL_MAX_FLOPS, cost, may_move, polls, wait_polling
@@ -389,8 +389,7 @@ class Module:
     def _jit(self, step, args, **kwargs):
         """jax.jit of a step with this Module's placement and jit_options (which read the
         step's jaxpr on `args` on a one-thread CPU)."""
-        options = jit_options(self._device, lambda: jax.make_jaxpr(step)(*args))
-        return jax.jit(step, **kwargs, **self._place, **options)
+        return jax.jit(step, **kwargs, **self._place, **jit_options_for(self._device, step, args))
 
     def _make_step(self, kind, static, args):
         """The jitted step `kind` for the packed state's layouts `static`, closed over: as a

@@ -515,7 +515,7 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const int64_t k = g.k(), count = panels_of(g);
   if (panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
-  if (a.size() < size_t(t.rows * g.patch())) a.resize(t.rows * g.patch());
+  if (!in_place && a.size() < size_t(t.rows * g.patch())) a.resize(t.rows * g.patch());
   pack_weights(g, w, panels.data());
   for (const Span sy : ys)
     for (const Span sx : xs) {

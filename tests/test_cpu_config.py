@@ -211,6 +211,7 @@ def _schedule(xla_flags, threads):
     process."""
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "cpu"
+    env["JAXOPS_DISABLE"] = "unroll_cap"  # the scheduler's flag alone (cap_llvm_unroll's below)
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
     out = subprocess.run([sys.executable, "-c", _SCHEDULE.format(threads=threads)],
@@ -231,6 +232,53 @@ def test_configure_cpu_picks_the_memory_scheduler_unless_told_otherwise():
     assert _schedule(f"{flag}=true", 2) == (f"{flag}=true", default)
     assert _schedule("--xla_cpu_use_thunk_runtime=true", 2)[0] == (
         f"--xla_cpu_use_thunk_runtime=true {flag}=false")
+
+
+_UNROLL = textwrap.dedent("""
+    import json, os, sys
+    if sys.argv[1] == "started":
+        import jax
+        jax.devices()
+    import jax, jax.numpy as jnp
+    import jaxops
+    x = jnp.arange(512 * 16, dtype=jnp.float32).reshape(512, 16) / 1000
+    y = jax.jit(lambda x: jnp.maximum(x * 1.5 - 2.0, 0.0).sum(-1))(x)
+    print(json.dumps({"flags": os.environ.get("XLA_FLAGS", ""), "y": y.tolist(),
+                      "ref": (x * 1.5 - 2.0).clip(0).sum(-1).tolist(),
+                      "measured": jaxops.cpu._UNROLL_JAX[0] <= tuple(
+                          int(v) for v in jax.__version__.split(".")[:2]) < jaxops.cpu._UNROLL_JAX[1]}))
+""")
+
+
+def _unroll(when="fresh", **env):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return json.loads(_fresh(_UNROLL, when).strip().splitlines()[-1])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def test_import_caps_llvm_unrolling_where_measured():
+    """`import jaxops` caps LLVM's full unrolling (XLA_FLAGS) for the jax releases measured
+    faster with it, before the backends start; never over a user's own setting, after the
+    backends started, or with JAXOPS_DISABLE=unroll_cap. The programs compute the same."""
+    from jaxops.cpu import _UNROLL_FLAG
+    fresh = _unroll()
+    assert fresh["flags"] == (_UNROLL_FLAG if fresh["measured"] else "")
+    np.testing.assert_allclose(fresh["y"], fresh["ref"], rtol=1e-6)
+    assert _unroll("started")["flags"] == ""
+    assert _unroll(JAXOPS_DISABLE="unroll_cap")["flags"] == ""
+    own = "--xla_backend_extra_options=-unroll-full-max-count=4"
+    # (_fresh drops XLA_FLAGS from its environment: the user's flags come in the script)
+    script = f"import os; os.environ['XLA_FLAGS'] = {own!r}\n" + _UNROLL
+    out = json.loads(_fresh(script, "fresh").strip().splitlines()[-1])
+    assert out["flags"] == own
+    np.testing.assert_allclose(out["y"], out["ref"], rtol=1e-6)
 
 
 _STEPS = textwrap.dedent("""

@@ -10,6 +10,8 @@ any time: the ORT-API mirror's Module uses it for session_options and moves a sm
 `cpu_device(1)` by itself), and `configure_cpu(threads)`, which sets jax's default client for
 the whole process and must run before jax starts its backends (the client reads it when it is
 created), with XLA's memory-minimizing scheduler (XLA's flags are per process too).
+Importing it caps LLVM's full loop unrolling where jax's XLA:CPU runs narrow loops scalar
+otherwise (cap_llvm_unroll).
 
 What it gains on the real-model corpus: docs/training.md, "Small models on a CPU" (the
 measured counts, kept there only).
@@ -66,9 +68,10 @@ def cap_llvm_unroll() -> bool:
     (one `vfmadd132ss` a value): capped, LLVM's loop vectorizer takes it. One core,
     2026-11-29 (docs/performance.md, nineteenth session), us a fusion: `max(x * 1.5 + 0.5, 0)`
     on [512, 16] 3.24 -> 0.39, softmax over the last axis of [1024, 128] 186.5 -> 77.0 and of
-    [512, 16] 16.6 -> 6.2, a layer norm 75.6 -> 30.2 and 5.6 -> 4.4; no kind or shape tried
-    slower; jax 0.8's XLA vectorizes these already (0.13-0.15 us). On the GPU (H200, the
-    46M-parameter train step) 14.51-14.55 ms tf32 and 7.39 ms bf16 either way.
+    [512, 16] 16.6 -> 6.2, a layer norm 75.6 -> 30.2 and 5.6 -> 4.4; none of 80 fusions tried
+    slower beyond the runs' spread; jax 0.8's XLA vectorizes these already (0.13-0.15 us).
+    On the GPU (H200, the 46M-parameter train step, two runs each way) 14.51-14.55 ms tf32
+    and 7.39 ms bf16 without it, 14.55-14.59 and 7.40-7.49 with it.
     Not where XLA_FLAGS names xla_backend_extra_options already (the user's choice), where
     jax's backends have started (the flags are read then), for other jax releases, or with
     JAXOPS_DISABLE=unroll_cap. Returns whether it set the flag."""

@@ -24,7 +24,7 @@ import os
 
 import jax
 
-from jaxops._src.compat import backends_started
+from jaxops._src.compat import backends_started, jax_release_in
 from jaxops._src.disable import disabled
 
 __all__ = ["configure_cpu", "cpu_device"]
@@ -46,11 +46,17 @@ def _prefer_memory_scheduler() -> None:
     at all threads 10-17 of 32 (5); after an idle wait RegNet's eval 68 -> 58 us on one core,
     GPT-2's 125 -> 86 us on two. The cost: jax.checkpoint's and gist_checkpoint's compiled
     temp memory on the CPU shows less of their saving (docs/gist.md), so it is not a default."""
+    _add_xla_flag(_SCHEDULER_FLAG, f"{_SCHEDULER_FLAG}=false", _SCHEDULER_JAX)
+
+
+def _add_xla_flag(name: str, entry: str, releases) -> bool:
+    """Appends `entry` to XLA_FLAGS unless XLA_FLAGS names `name` already (the user's
+    choice) or this jax is not one of `releases`. Returns whether it did."""
     flags = os.environ.get("XLA_FLAGS", "")
-    version = tuple(int(v) for v in jax.__version__.split(".")[:2])
-    if _SCHEDULER_FLAG in flags or not _SCHEDULER_JAX[0] <= version < _SCHEDULER_JAX[1]:
-        return
-    os.environ["XLA_FLAGS"] = f"{flags} {_SCHEDULER_FLAG}=false".strip()
+    if name in flags or not jax_release_in(releases):
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {entry}".strip()
+    return True
 
 
 # LLVM's full unrolling capped at 8 iterations (XLA_FLAGS, read when the backends start), for
@@ -75,13 +81,9 @@ def cap_llvm_unroll() -> bool:
     Not where XLA_FLAGS names xla_backend_extra_options already (the user's choice), where
     jax's backends have started (the flags are read then), for other jax releases, or with
     JAXOPS_DISABLE=unroll_cap. Returns whether it set the flag."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    version = tuple(int(v) for v in jax.__version__.split(".")[:2])
-    if (_UNROLL_OPTION in flags or disabled("unroll_cap") or backends_started()
-            or not _UNROLL_JAX[0] <= version < _UNROLL_JAX[1]):
+    if disabled("unroll_cap") or backends_started():
         return False
-    os.environ["XLA_FLAGS"] = f"{flags} {_UNROLL_FLAG}".strip()
-    return True
+    return _add_xla_flag(_UNROLL_OPTION, _UNROLL_FLAG, _UNROLL_JAX)
 
 
 cap_llvm_unroll()

@@ -245,25 +245,15 @@ _UNROLL = textwrap.dedent("""
     y = jax.jit(lambda x: jnp.maximum(x * 1.5 - 2.0, 0.0).sum(-1))(x)
     print(json.dumps({"flags": os.environ.get("XLA_FLAGS", ""), "y": y.tolist(),
                       "ref": (x * 1.5 - 2.0).clip(0).sum(-1).tolist(),
-                      "measured": jaxops.cpu._UNROLL_JAX[0] <= tuple(
-                          int(v) for v in jax.__version__.split(".")[:2]) < jaxops.cpu._UNROLL_JAX[1]}))
+                      "measured": jaxops._src.compat.jax_release_in(jaxops.cpu._UNROLL_JAX)}))
 """)
 
 
-def _unroll(when="fresh", **env):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return json.loads(_fresh(_UNROLL, when).strip().splitlines()[-1])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
+def _unroll(when="fresh"):
+    return json.loads(_fresh(_UNROLL, when).strip().splitlines()[-1])
 
 
-def test_import_caps_llvm_unrolling_where_measured():
+def test_import_caps_llvm_unrolling_where_measured(monkeypatch):
     """`import jaxops` caps LLVM's full unrolling (XLA_FLAGS) for the jax releases measured
     faster with it, before the backends start; never over a user's own setting, after the
     backends started, or with JAXOPS_DISABLE=unroll_cap. The programs compute the same."""
@@ -272,7 +262,9 @@ def test_import_caps_llvm_unrolling_where_measured():
     assert fresh["flags"] == (_UNROLL_FLAG if fresh["measured"] else "")
     np.testing.assert_allclose(fresh["y"], fresh["ref"], rtol=1e-6)
     assert _unroll("started")["flags"] == ""
-    assert _unroll(JAXOPS_DISABLE="unroll_cap")["flags"] == ""
+    with monkeypatch.context() as env:
+        env.setenv("JAXOPS_DISABLE", "unroll_cap")
+        assert _unroll()["flags"] == ""
     own = "--xla_backend_extra_options=-unroll-full-max-count=4"
     # (_fresh drops XLA_FLAGS from its environment: the user's flags come in the script)
     script = f"import os; os.environ['XLA_FLAGS'] = {own!r}\n" + _UNROLL

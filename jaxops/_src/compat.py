@@ -2,6 +2,7 @@
 
 Supported: jax >= 0.8 (checked on 0.8.0 and 0.12.x).
 """
+import jax
 from jax._src.core import ShapedArray
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
@@ -60,3 +61,9 @@ def backends_started() -> bool:
     their creation (jax_cpu_enable_async_dispatch, PJRT_NPROC) no longer take effect."""
     from jax._src import xla_bridge
     return xla_bridge.backends_are_initialized()
+
+
+def jax_release_in(releases) -> bool:
+    """Whether this jax's (major, minor) lies in [releases[0], releases[1])."""
+    version = tuple(int(v) for v in jax.__version__.split(".")[:2])
+    return releases[0] <= version < releases[1]

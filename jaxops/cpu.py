@@ -9,9 +9,10 @@ counterparts: `cpu_device(threads)`, a device of an XLA:CPU client of its own (p
 any time: the ORT-API mirror's Module uses it for session_options and moves a small model to
 `cpu_device(1)` by itself), and `configure_cpu(threads)`, which sets jax's default client for
 the whole process and must run before jax starts its backends (the client reads it when it is
-created), with XLA's memory-minimizing scheduler (XLA's flags are per process too).
-Importing it caps LLVM's full loop unrolling where jax's XLA:CPU runs narrow loops scalar
-otherwise (cap_llvm_unroll).
+created). Importing it picks XLA:CPU's memory-minimizing scheduler, whose programs hand
+fewer operations to pool threads (prefer_memory_scheduler), and caps LLVM's full loop
+unrolling where jax's XLA:CPU runs narrow loops scalar otherwise (cap_llvm_unroll): XLA's
+flags, per process, read when jax's backends start.
 
 What it gains on the real-model corpus: docs/training.md, "Small models on a CPU" (the
 measured counts, kept there only).
@@ -35,18 +36,27 @@ _SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
 _SCHEDULER_JAX = ((0, 8), (0, 13))
 
 
-def _prefer_memory_scheduler() -> None:
-    """XLA:CPU's memory-minimizing scheduler in place of its concurrency-optimized default,
-    unless XLA_FLAGS names the flag (read when the backends start). The default gives a
-    program's independent operations buffers of their own so that the thunk executor can run
-    them at once, handing ready ones to the intra-op pool; on small programs those hand-offs (a
-    pool thread woken after any pause; on one core, a context switch) cost more than they bring.
-    Corpus (2 vCPUs, 2026-11-28, `python -m bench.cpu_corpus` with the flag in XLA_FLAGS: one
-    run before, three with it): forwards no slower than ORT's at one thread 22-25 of 32 (18),
-    at all threads 10-17 of 32 (5); after an idle wait RegNet's eval 68 -> 58 us on one core,
-    GPT-2's 125 -> 86 us on two. The cost: jax.checkpoint's and gist_checkpoint's compiled
-    temp memory on the CPU shows less of their saving (docs/gist.md), so it is not a default."""
-    _add_xla_flag(_SCHEDULER_FLAG, f"{_SCHEDULER_FLAG}=false", _SCHEDULER_JAX)
+def prefer_memory_scheduler() -> bool:
+    """XLA:CPU's memory-minimizing scheduler in place of its concurrency-optimized default for
+    this process's programs (appends `--xla_cpu_enable_concurrency_optimized_scheduler=false`
+    to XLA_FLAGS), run when jaxops is imported and by configure_cpu; jax reads the flags when
+    its backends start, and only there: XLA:CPU takes no scheduler from a jit's
+    compiler_options. The default gives a program's independent operations buffers of their
+    own so that the thunk executor can run them at once, handing ready ones to the intra-op
+    pool; on small programs those hand-offs (a pool thread woken after any pause; on one core,
+    a context switch) cost more than they bring. A small model's Module that moved to a
+    one-thread client (all cores, jax's defaults) still handed each eval call to that
+    client's pool thread and waited: RegNet_ts's eval 98-162 -> 76 us a call in a loop, 119-133
+    -> 100-105 after an idle wait (2 vCPUs, 2026-11-29; docs/performance.md, twentieth
+    session). Corpus at one thread (2026-11-28, eleventh session): forwards no slower than
+    ORT's 22-25 of 32 with it, 18 without. The cost: `jax.checkpoint`'s and
+    gist_checkpoint's compiled temp memory on the CPU shows less of their saving (docs/gist.md).
+    Not where XLA_FLAGS names the flag already (`=true` keeps XLA's scheduler), after the
+    backends started, on jax releases outside _SCHEDULER_JAX, or with
+    JAXOPS_DISABLE=memory_scheduler. Returns whether it set the flag."""
+    if disabled("memory_scheduler") or backends_started():
+        return False
+    return _add_xla_flag(_SCHEDULER_FLAG, f"{_SCHEDULER_FLAG}=false", _SCHEDULER_JAX)
 
 
 def _add_xla_flag(name: str, entry: str, releases) -> bool:
@@ -87,6 +97,7 @@ def cap_llvm_unroll() -> bool:
 
 
 cap_llvm_unroll()
+prefer_memory_scheduler()
 
 _CLIENTS: dict[int, object] = {}  # cpu_device's clients, one a thread count
 
@@ -210,12 +221,11 @@ def cpu_device(threads: int) -> jax.Device:
 
 
 def configure_cpu(threads: int | None = None) -> None:
-    """Sets XLA:CPU's intra-op threads for this process (`PJRT_NPROC`) and its
-    memory-minimizing scheduler (unless XLA_FLAGS names
-    `--xla_cpu_enable_concurrency_optimized_scheduler`: _prefer_memory_scheduler); `threads=1`
-    also runs each jitted CPU call on the calling thread (`jax_cpu_enable_async_dispatch`
-    off), as an ORT session with `intra_op_num_threads=1` does. `None` leaves all of XLA's
-    defaults (a thread a core, async dispatch, its scheduler) in place.
+    """Sets XLA:CPU's intra-op threads for this process (`PJRT_NPROC`) and (as importing
+    jaxops does: prefer_memory_scheduler) its memory-minimizing scheduler; `threads=1` also
+    runs each jitted CPU call on the calling thread (`jax_cpu_enable_async_dispatch` off), as
+    an ORT session with `intra_op_num_threads=1` does. `None` leaves XLA's defaults (a thread
+    a core, async dispatch) in place.
 
     Call it before anything starts jax's backends (`jax.devices()`, the first jitted call,
     loading a model's weights onto a device): a RuntimeError says so otherwise, since the
@@ -231,6 +241,6 @@ def configure_cpu(threads: int | None = None) -> None:
             "jax.devices() or a model load ran before it), so XLA:CPU's threads are fixed for "
             "this process: call jaxops.configure_cpu first, right after the imports")
     os.environ["PJRT_NPROC"] = str(threads)
-    _prefer_memory_scheduler()
+    prefer_memory_scheduler()
     if threads == 1:
         jax.config.update("jax_cpu_enable_async_dispatch", False)

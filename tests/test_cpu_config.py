@@ -206,12 +206,13 @@ _SCHEDULE = textwrap.dedent("""
 """)
 
 
-def _schedule(xla_flags, threads):
-    """(XLA_FLAGS after configure_cpu(threads), the compiled entry computation) in a fresh
-    process."""
+def _schedule(xla_flags, threads, disable="unroll_cap"):
+    """(XLA_FLAGS after importing jaxops and configure_cpu(threads), the compiled entry
+    computation) in a fresh process, with JAXOPS_DISABLE=`disable` (by default the
+    scheduler's flag alone: cap_llvm_unroll's is tested below)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "cpu"
-    env["JAXOPS_DISABLE"] = "unroll_cap"  # the scheduler's flag alone (cap_llvm_unroll's below)
+    env["JAXOPS_DISABLE"] = disable
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
     out = subprocess.run([sys.executable, "-c", _SCHEDULE.format(threads=threads)],
@@ -221,16 +222,20 @@ def _schedule(xla_flags, threads):
     return flags, entry
 
 
-def test_configure_cpu_picks_the_memory_scheduler_unless_told_otherwise():
+def test_import_picks_the_memory_scheduler_unless_told_otherwise():
+    """`import jaxops` (and configure_cpu) pick XLA:CPU's memory-minimizing scheduler; not
+    with JAXOPS_DISABLE=memory_scheduler or over a user's own setting of the flag."""
     flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
-    flags, configured = _schedule(None, 1)
+    off = "unroll_cap,memory_scheduler"
+    flags, imported = _schedule(None, None)
     assert flags == f"{flag}=false"
-    _, memory = _schedule(f"{flag}=false", None)
-    flags, default = _schedule(None, None)  # importing jaxops alone changes nothing
-    assert flags == "" and configured == memory != default  # the flag took effect
+    assert _schedule(None, 1) == (flags, imported)
+    _, default = _schedule(None, None, off)
+    assert _schedule(f"{flag}=false", None, off)[1] == imported != default  # it took effect
+    assert _schedule(None, 1, off) == ("", default)
     # a user's own setting stays, and so do other flags
     assert _schedule(f"{flag}=true", 2) == (f"{flag}=true", default)
-    assert _schedule("--xla_cpu_use_thunk_runtime=true", 2)[0] == (
+    assert _schedule("--xla_cpu_use_thunk_runtime=true", None)[0] == (
         f"--xla_cpu_use_thunk_runtime=true {flag}=false")
 
 
@@ -258,12 +263,13 @@ def test_import_caps_llvm_unrolling_where_measured(monkeypatch):
     faster with it, before the backends start; never over a user's own setting, after the
     backends started, or with JAXOPS_DISABLE=unroll_cap. The programs compute the same."""
     from jaxops.cpu import _UNROLL_FLAG
+    monkeypatch.setenv("JAXOPS_DISABLE", "memory_scheduler")  # this flag alone
     fresh = _unroll()
     assert fresh["flags"] == (_UNROLL_FLAG if fresh["measured"] else "")
     np.testing.assert_allclose(fresh["y"], fresh["ref"], rtol=1e-6)
     assert _unroll("started")["flags"] == ""
     with monkeypatch.context() as env:
-        env.setenv("JAXOPS_DISABLE", "unroll_cap")
+        env.setenv("JAXOPS_DISABLE", "unroll_cap,memory_scheduler")
         assert _unroll()["flags"] == ""
     own = "--xla_backend_extra_options=-unroll-full-max-count=4"
     # (_fresh drops XLA_FLAGS from its environment: the user's flags come in the script)

@@ -119,8 +119,9 @@ def xla_threads(device: jax.Device | None = None) -> int:
 
 
 def concurrent_scheduler() -> bool:
-    """Whether XLA:CPU schedules this process's programs for concurrency (its default), not
-    to minimize memory (configure_cpu's choice, or the user's XLA_FLAGS)."""
+    """Whether XLA:CPU schedules this process's programs for concurrency (XLA's default: where
+    the user's XLA_FLAGS or JAXOPS_DISABLE=memory_scheduler keep it), not to minimize memory
+    (prefer_memory_scheduler's choice at import)."""
     return f"{_SCHEDULER_FLAG}=false" not in os.environ.get("XLA_FLAGS", "")
 
 

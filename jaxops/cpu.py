@@ -54,16 +54,17 @@ def prefer_memory_scheduler() -> bool:
     Not where XLA_FLAGS names the flag already (`=true` keeps XLA's scheduler), after the
     backends started, on jax releases outside _SCHEDULER_JAX, or with
     JAXOPS_DISABLE=memory_scheduler. Returns whether it set the flag."""
-    if disabled("memory_scheduler") or backends_started():
-        return False
-    return _add_xla_flag(_SCHEDULER_FLAG, f"{_SCHEDULER_FLAG}=false", _SCHEDULER_JAX)
+    return _add_xla_flag(_SCHEDULER_FLAG, f"{_SCHEDULER_FLAG}=false", _SCHEDULER_JAX,
+                         "memory_scheduler")
 
 
-def _add_xla_flag(name: str, entry: str, releases) -> bool:
+def _add_xla_flag(name: str, entry: str, releases, disable: str) -> bool:
     """Appends `entry` to XLA_FLAGS unless XLA_FLAGS names `name` already (the user's
-    choice) or this jax is not one of `releases`. Returns whether it did."""
+    choice), this jax is not one of `releases`, JAXOPS_DISABLE names `disable`, or jax's
+    backends have started (they read the flags then). Returns whether it did."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if name in flags or not jax_release_in(releases):
+    if (name in flags or not jax_release_in(releases) or disabled(disable)
+            or backends_started()):
         return False
     os.environ["XLA_FLAGS"] = f"{flags} {entry}".strip()
     return True
@@ -91,9 +92,7 @@ def cap_llvm_unroll() -> bool:
     Not where XLA_FLAGS names xla_backend_extra_options already (the user's choice), where
     jax's backends have started (the flags are read then), for other jax releases, or with
     JAXOPS_DISABLE=unroll_cap. Returns whether it set the flag."""
-    if disabled("unroll_cap") or backends_started():
-        return False
-    return _add_xla_flag(_UNROLL_OPTION, _UNROLL_FLAG, _UNROLL_JAX)
+    return _add_xla_flag(_UNROLL_OPTION, _UNROLL_FLAG, _UNROLL_JAX, "unroll_cap")
 
 
 cap_llvm_unroll()

@@ -1,4 +1,9 @@
-"""Shared test helpers: fresh random inputs, dtype-derived tolerances, HLO checks."""
+"""Shared test helpers: fresh random inputs, dtype-derived tolerances, HLO checks, a fresh
+process."""
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,3 +71,15 @@ def train_losses(module, optimizer, batches):
         optimizer.step()
         module.lazy_reset_grad()
     return losses
+
+
+def fresh_process(script, *args, timeout=120) -> str:
+    """`script`'s stdout in a user's fresh process: one CPU device (conftest forces 8, which
+    sizes XLA's pools too), none of XLA's thread or flag settings (a script sets its own
+    XLA_FLAGS before it imports jax)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
+    out = subprocess.run([sys.executable, "-c", script, *args],
+                         env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout

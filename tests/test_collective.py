@@ -168,7 +168,7 @@ def test_adasum_refuses_non_power_of_two_and_hierarchical(rng):
 
 
 # jax 0.8 cannot transpose all_gather's transpose (a TypeError inside jax), fixed later
-_OLD_JAX = tuple(int(v) for v in jax.__version__.split(".")[:2]) < (0, 9)
+_OLD_JAX = jax.__version_info__[:2] < (0, 9)
 ORDER = {"adasum_all_reduce": 1, **({"nccl_all_gather": 1, "nccl_reduce_scatter": 1} if _OLD_JAX else {})}
 
 

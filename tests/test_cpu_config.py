@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import jaxops
+from helpers import fresh_process
 
 _PROBE = textwrap.dedent("""
     import json, os, sys
@@ -30,19 +31,8 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def _fresh(script, *args, timeout=120) -> str:
-    """`script`'s stdout in a user's fresh process: one CPU device (conftest forces 8, which
-    sizes XLA's pools too), none of XLA's thread or flag settings."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")}
-    out = subprocess.run([sys.executable, "-c", script, *args],
-                         env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
-                         timeout=timeout)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
-
-
 def _probe(threads):
-    return json.loads(_fresh(_PROBE.format(threads=threads)).strip().splitlines()[-1])
+    return json.loads(fresh_process(_PROBE.format(threads=threads)).strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
@@ -166,7 +156,7 @@ def test_session_options_configured_first_are_quiet():
         assert m._device is jax.devices("cpu")[0]  # the process's client already runs one
         print("ok")
     """)
-    assert _fresh(script).strip().endswith("ok")
+    assert fresh_process(script).strip().endswith("ok")
 
 
 def test_session_options_leave_a_gpu_module_on_the_gpu():
@@ -255,7 +245,7 @@ _UNROLL = textwrap.dedent("""
 
 
 def _unroll(when="fresh"):
-    return json.loads(_fresh(_UNROLL, when).strip().splitlines()[-1])
+    return json.loads(fresh_process(_UNROLL, when).strip().splitlines()[-1])
 
 
 def test_import_caps_llvm_unrolling_where_measured(monkeypatch):
@@ -272,9 +262,9 @@ def test_import_caps_llvm_unrolling_where_measured(monkeypatch):
         env.setenv("JAXOPS_DISABLE", "unroll_cap,memory_scheduler")
         assert _unroll()["flags"] == ""
     own = "--xla_backend_extra_options=-unroll-full-max-count=4"
-    # (_fresh drops XLA_FLAGS from its environment: the user's flags come in the script)
+    # (fresh_process drops XLA_FLAGS from its environment: the user's flags come in the script)
     script = f"import os; os.environ['XLA_FLAGS'] = {own!r}\n" + _UNROLL
-    out = json.loads(_fresh(script, "fresh").strip().splitlines()[-1])
+    out = json.loads(fresh_process(script, "fresh").strip().splitlines()[-1])
     assert out["flags"] == own
     np.testing.assert_allclose(out["y"], out["ref"], rtol=1e-6)
 
@@ -315,7 +305,7 @@ def test_one_thread_train_steps_run_on_the_calling_thread():
     the gradients added in the flat buffers (bert_ts: 21 additions ready at once, which XLA's
     executor split with that thread, 3 a step)."""
     corpus = Path(__file__).resolve().parent / "data" / "corpus"
-    out = _fresh(_STEPS, *(str(corpus / m) for m in ("llama_ts", "bert_ts")), timeout=300)
+    out = fresh_process(_STEPS, *(str(corpus / m) for m in ("llama_ts", "bert_ts")), timeout=300)
     counts = json.loads(out.strip().splitlines()[-1])
     assert all(n <= 3 for n in counts.values()), counts  # (30 steps: 30 and 90 before)
 
@@ -341,7 +331,7 @@ def test_one_thread_forward_is_made_for_its_first_call():
         print("ok")
     """)
     corpus = Path(__file__).resolve().parent / "data" / "corpus"
-    assert _fresh(script, str(corpus / "mobilenetv3_ts" / "forward.onnx")).strip().endswith("ok")
+    assert fresh_process(script, str(corpus / "mobilenetv3_ts" / "forward.onnx")).strip().endswith("ok")
 
 
 def test_largest_dot_flops_looks_into_nested_jaxprs():

@@ -1,9 +1,6 @@
 """jaxops.nn.gist_checkpoint: compressed saved activations lower the compiled temp memory of a
 jitted MLP's gradient, and the gradients are f's exact ones at the decoded input."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -12,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxops import nn, ops
+from helpers import fresh_process
 from jaxops.cpu import concurrent_scheduler
 
 B, D, LAYERS = 512, 128, 4
@@ -92,15 +90,13 @@ def test_compiled_temp_memory_drops():
 def test_compiled_temp_memory_drops_under_xlas_scheduler():
     """A fresh process with XLA:CPU's concurrency-optimized scheduler, where the saving shows
     in full."""
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
-              "import test_gist_checkpoint as t; print(json.dumps(t._measure()))")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=true")
-    out = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    _check_drops(json.loads(out.stdout.strip().splitlines()[-1]), True)
+    script = ("import json, os, sys\n"
+              "os.environ['XLA_FLAGS'] = '--xla_cpu_enable_concurrency_optimized_scheduler=true'\n"
+              "sys.path.insert(0, sys.argv[1])\n"
+              "import test_gist_checkpoint as t\n"
+              "print(json.dumps(t._measure()))")
+    out = fresh_process(script, str(Path(__file__).parent), timeout=300)
+    _check_drops(json.loads(out.strip().splitlines()[-1]), True)
 
 
 def _grads(layer, params, x):

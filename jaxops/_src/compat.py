@@ -65,5 +65,4 @@ def backends_started() -> bool:
 
 def jax_release_in(releases) -> bool:
     """Whether this jax's (major, minor) lies in [releases[0], releases[1])."""
-    version = tuple(int(v) for v in jax.__version__.split(".")[:2])
-    return releases[0] <= version < releases[1]
+    return releases[0] <= jax.__version_info__[:2] < releases[1]

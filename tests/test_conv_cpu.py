@@ -39,9 +39,21 @@ CASES = [
     ((4, 40, 40, 16), (3, 3, 16, 20), (1, 1), (12, 12), ((12, 12), (12, 12))),
     ((2, 9, 30, 16), (3, 3, 16, 17), (1, 1), (4, 3), ((4, 4), (1, 1))),
     ((1, 9, 20, 16), (3, 3, 8, 16), (1, 1), (4, 1), ((4, 4), (1, 1)), 2),
+    # tiles across bands computing their union of taps (conv.h's merged cost): read in the
+    # zero-bordered copy (5x5 stride 2; pads wider than the kernel's reach, outputs beyond
+    # the image; grouped), packed with checks (dilated rows, no copy: both axes, columns only;
+    # grouped)
+    ((3, 10, 10, 8), (5, 5, 8, 18), (2, 2), (1, 1), ((2, 2), (2, 2))),
+    ((1, 20, 20, 8), (3, 3, 8, 8), (1, 1), (1, 1), ((6, 6), (6, 6))),
+    ((2, 7, 7, 32), (3, 3, 16, 32), (1, 1), (1, 1), ((1, 1), (1, 1)), 2),
+    ((2, 12, 12, 16), (3, 3, 16, 20), (1, 1), (2, 2), ((2, 2), (2, 2))),
+    ((1, 9, 11, 24), (3, 3, 24, 20), (1, 1), (1, 2), ((1, 1), (2, 2))),
+    ((1, 9, 9, 16), (3, 3, 8, 16), (1, 1), (2, 2), ((2, 2), (2, 2)), 2),
 ]
 IDS = ["stem7x7", "3x3s2", "dilated", "asymmetric", "1x1", "c1", "huge_pads", "grouped",
-       "grouped_wide", "grouped_4", "bands", "bands_chunks", "bands_rows", "bands_grouped"]
+       "grouped_wide", "grouped_4", "bands", "bands_chunks", "bands_rows", "bands_grouped",
+       "merged_5x5s2", "merged_wide_pads", "merged_grouped", "merged_checked",
+       "merged_columns", "merged_grouped_checked"]
 
 
 def _inputs(case, seed=0, dtype=jnp.float32):

@@ -416,20 +416,49 @@ inline void spans(int64_t out, int64_t s, int64_t p, int64_t d, int64_t k, int64
 }
 
 // What tiling the outputs by bands of these spans costs: per tile its patch rows' length
-// plus kTileCost, the packing and storing of a tile in the same units. An axis is split only
-// where that saves a tenth (kSplitGain): the bands' bookkeeping cost DeepLabV3's 3x3s that
-// gained little 0-7% on one AVX-512 core, its dilated ones gained 29-33%.
-constexpr double kTileCost = 48, kSplitGain = 0.9;
-constexpr int64_t kChunk = 960;  // a band's pixels at a time: whole tiles (6 and 12 rows)
+// plus kTileCost, the packing and storing of a tile in the same units, plus kPartCost where it
+// computes part of the kernel (its loops then run other trip counts than the whole kernel's
+// tiles: a 3-channel 3x3 stem of 27 values a patch row ran 7% slower split, one AVX-512 core). With `merged`, the
+// bands' pixels are one sequence (band after band, ys outer) cut into whole tiles, a tile
+// computing the taps of every band it holds (their union); else each band is cut into tiles
+// of its own, the last one part-filled. Merged tiles save the part-filled ones where bands
+// are small (DeepLabV3's 7x7 stem: 16 bands, up to 2 pixels at the corners); bands of their
+// own save the union's taps where they are large (its dilated 3x3s at 4x4).
+constexpr double kTileCost = 48, kPartCost = 16;
+constexpr int64_t kChunk = 960;  // pixels at a time: whole tiles (6 and 12 rows)
 inline double cost(const Geometry& g, const Span* ys, size_t ny, const Span* xs, size_t nx,
-                   int rows) {
+                   int rows, bool merged) {
   double sum = 0;
+  int64_t fill = 0, ky0 = 0, ky1 = 0, kx0 = 0, kx1 = 0;  // the open merged tile
+  const auto tile = [&](int64_t taps) {
+    return double(taps * g.c) + kTileCost + (taps < g.kh * g.kw ? kPartCost : 0);
+  };
+  const auto close = [&] {
+    sum += tile((ky1 - ky0) * (kx1 - kx0));
+    fill = ky0 = ky1 = kx0 = kx1 = 0;
+  };
   for (size_t i = 0; i < ny; ++i)
     for (size_t j = 0; j < nx; ++j) {
       const Band band{ys[i], xs[j]};
-      const double tiles = std::ceil(double(band.pixels(g.n)) / rows);
-      sum += tiles * (double(band.taps() * g.c) + kTileCost);
+      if (!merged) {
+        const double tiles = std::ceil(double(band.pixels(g.n)) / rows);
+        sum += tiles * tile(band.taps());
+        continue;
+      }
+      for (int64_t left = band.pixels(g.n); left > 0;) {
+        if (band.taps() > 0) {  // (a band without taps adds none to the union)
+          const bool open = (ky1 - ky0) * (kx1 - kx0) > 0;
+          ky0 = open ? std::min(ky0, band.y.k0) : band.y.k0;
+          ky1 = open ? std::max(ky1, band.y.k1) : band.y.k1;
+          kx0 = open ? std::min(kx0, band.x.k0) : band.x.k0;
+          kx1 = open ? std::max(kx1, band.x.k1) : band.x.k1;
+        }
+        const int64_t take = std::min<int64_t>(rows - fill, left);
+        fill += take, left -= take;
+        if (fill == rows) close();
+      }
     }
+  if (merged && fill > 0) close();
   return sum;
 }
 
@@ -458,112 +487,168 @@ inline Patches in_place_patches(const Geometry& g, const Band& band, const float
           g.kw * g.c * kCols, rows};
 }
 
+// How much cheaper (cost) than computing every tap a tiling by bands must be to be taken.
+constexpr double kSplitGain = 0.97;
+
 // y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
 // The outputs go in bands whose taps inside x are the same, on the axes where that saves work
-// over computing the taps that read the zero pads (cost): DeepLabV3's dilated 3x3s at 4x4 read
-// x at 4 of their 9 taps.
+// over computing the taps that read the zero pads (cost), and a tile computes the taps of its
+// bands: DeepLabV3's dilated 3x3s at 4x4 read x at 4 of their 9 taps, its 7x7 stem at 9 of 10.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
                      const Epilogue& e = {}, Isa isa = Isa::kBest) {
   // the scratch of this thread's last call, kept: allocating and zeroing it every call cost
   // ~1 us of DeepLabV3's 3x3s (every element is written before it is read) ...
   thread_local std::vector<float> copy, panels, a;
   thread_local std::vector<Span> ys, xs;
-  thread_local std::vector<Tap> taps(kChunk);
-  thread_local std::vector<int64_t> outs(kChunk);
+  thread_local std::vector<Band> bands;
+  thread_local std::vector<Tap> base(kChunk);  // where a pixel's first tap of its band reads
+  thread_local std::vector<int64_t> outs(kChunk), owner(kChunk);  // where it goes, its band
   struct Trim {  // ... unless large: a thread keeps at most 1 MiB of it between calls
     ~Trim() {
       for (auto* v : {&copy, &panels, &a})
         if (v->capacity() > (size_t(1) << 18)) std::vector<float>().swap(*v);
       for (auto* v : {&ys, &xs})
         if (v->capacity() > 1024) std::vector<Span>().swap(*v);
+      if (bands.capacity() > 1024) std::vector<Band>().swap(bands);
     }
   } trim;
   const Geometry& o = geometry;  // as given; g below: as read (padded()'s where it copies)
   const Tiling t = tiling(isa);
-  // the axes' spans, or the whole axis where splitting it does not save a tenth (grouped: x
-  // whole, so that a group's taps stay evenly spaced in the patch rows); in_y, in_x: every
-  // tap of the chosen spans lies inside x
+  // the axes' spans, or an axis whole (grouped: x whole, so that a group's taps stay evenly
+  // spaced in the patch rows), whichever tiling costs least; in_y, in_x: every tap of a band
+  // lies inside x
   spans(o.oh, o.sh, o.ph, o.dh, o.kh, o.h, ys);
   spans(o.ow, o.sw, o.pw, o.dw, o.kw, o.w, xs);
   bool in_y = ys.size() == 1 && ys[0].k1 - ys[0].k0 == o.kh;
   bool in_x = xs.size() == 1 && xs[0].k1 - xs[0].k0 == o.kw;
+  bool merged = false;
   if (!in_x || !in_y) {
     const Span wy{0, o.oh, 0, o.kh}, wx{0, o.ow, 0, o.kw};
-    if (o.groups > 1 || cost(o, ys.data(), ys.size(), xs.data(), xs.size(), t.rows) >
-                            kSplitGain * cost(o, ys.data(), ys.size(), &wx, 1, t.rows))
-      xs.assign(1, wx);
-    else
-      in_x = true;
-    if (cost(o, ys.data(), ys.size(), xs.data(), xs.size(), t.rows) >
-        kSplitGain * cost(o, &wy, 1, xs.data(), xs.size(), t.rows))
-      ys.assign(1, wy);
-    else
-      in_y = true;
+    double best = cost(o, &wy, 1, &wx, 1, t.rows, false);
+    int split = 0;  // bit 0: ys, bit 1: xs
+    for (int s = 1; s < 4; ++s) {
+      if (((s & 1) && in_y) || ((s & 2) && (in_x || o.groups > 1))) continue;
+      const bool sy = s & 1, sx = s & 2;
+      for (const bool m : {false, true}) {
+        const double c = cost(o, sy ? ys.data() : &wy, sy ? ys.size() : 1,
+                              sx ? xs.data() : &wx, sx ? xs.size() : 1, t.rows, m) /
+                         kSplitGain;
+        if (c < best) best = c, split = s, merged = m;
+      }
+    }
+    if (split & 1) in_y = true;
+    else ys.assign(1, wy);
+    if (split & 2) in_x = true;
+    else xs.assign(1, wx);
   }
-  // The zero-bordered copy where taps still read the pads, but not for dilated kernel rows
-  // (copied tap by tap anyway: there the copy only costs), nor where the copy would outgrow
-  // the patch rows (copy_pays). Then every tap reads inside the copy.
-  const bool pad = o.dw == 1 && !(in_y && in_x) && copy_pays(o);
+  // The zero-bordered copy where taps still read the pads (a band's, or a merged tile's of
+  // another band), but not for dilated kernel rows (copied tap by tap anyway: there the copy
+  // only costs), nor where the copy would outgrow the patch rows (copy_pays). Then every tap
+  // reads inside the copy.
+  const bool pad = o.dw == 1 && !(in_y && in_x && !merged) && copy_pays(o);
   const Geometry g = pad ? padded(o, x, copy) : o;
   if (pad) x = copy.data();
-  const PackFn pack = pad || (in_y && in_x) ? t.unchecked : t.checked;
-  // One group, undilated kernel rows, every tap inside x (or its copy): the tiles read the
-  // patch rows where they lie, unpacked (one AVX-512 core, 2026-11-29: DeepLabV3's 3x3 of 64
-  // channels on 8x8 28.6 -> 24.4 us, MobileNetV3's 3-channel 3x3 stem 9.6 -> 7.4 us)
-  const bool in_place = g.groups == 1 && g.dw == 1 && (pad || (in_y && in_x));
+  // One group, undilated kernel rows, every tap of a tile inside x (or its copy): the tile
+  // reads its patch rows where they lie, unpacked (one AVX-512 core, 2026-11-29: DeepLabV3's
+  // 3x3 of 64 channels on 8x8 28.6 -> 24.4 us, MobileNetV3's 3-channel 3x3 stem 9.6 -> 7.4 us)
+  const bool rows_in_place = g.groups == 1 && g.dw == 1;
   const float* rows_at[kMaxRows];
   const int64_t k = g.k(), count = panels_of(g);
   if (panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
-  if (!in_place && a.size() < size_t(t.rows * g.patch())) a.resize(t.rows * g.patch());
+  if (!(rows_in_place && (pad || (in_y && in_x && !merged))) &&
+      a.size() < size_t(t.rows * g.patch()))
+    a.resize(t.rows * g.patch());
   pack_weights(g, w, panels.data());
+  bands.clear();
   for (const Span sy : ys)
-    for (const Span sx : xs) {
-      const Band band{sy, sx};
-      const int64_t len = band.taps() * g.c, pixels = band.pixels(g.n);
-      const int64_t width = sx.o1 - sx.o0, height = sy.o1 - sy.o0;
-      for (int64_t c0 = 0; c0 < pixels; c0 += kChunk) {
-        // the band's pixels c0 .. c0 + chunk - 1 (images, rows, columns): where their first
-        // taps read x, where they go in y
-        const int64_t chunk = std::min(kChunk, pixels - c0);
-        int64_t b = c0 / width / height, oy = sy.o0 + c0 / width % height,
-                ox = sx.o0 + c0 % width;
-        for (int64_t q = 0; q < chunk;) {
-          const int64_t iy = oy * g.sh - g.ph + sy.k0 * g.dh, y0 = (b * g.oh + oy) * g.ow;
-          const int64_t end = std::min(sx.o1, ox + chunk - q);
-          for (Tap* tap = taps.data() + q; ox < end; ++ox, ++q, ++tap)  // (no int64 aliasing)
-            *tap = {b, iy, ox * g.sw - g.pw + sx.k0 * g.dw}, outs[q] = (y0 + ox) * g.o;
-          ox = sx.o0;
-          if (++oy == sy.o1) oy = sy.o0, ++b;
+    for (const Span sx : xs) bands.push_back({sy, sx});
+  // the scratch as plain pointers: thread_locals of a shared library are looked up through
+  // __tls_get_addr, which the loops below would call again after each tile's indirect call
+  Tap* const base_at = base.data();
+  int64_t *const out_at = outs.data(), *const band_of = owner.data();
+  const Band* const band_list = bands.data();
+  const size_t band_count = bands.size();
+  float *const packed = a.data(), *const weights = panels.data();
+  size_t bi = 0;
+  int64_t c = 0;  // the next pixel: band bi's c-th
+  while (bi < band_count) {
+    // the next chunk of pixels (images, rows, columns of a band, band after band where
+    // merged): where their first taps read x, where they go in y, their bands
+    int64_t chunk = 0;
+    while (chunk < kChunk && bi < band_count) {
+      const Band& band = band_list[bi];
+      const int64_t width = band.x.o1 - band.x.o0, height = band.y.o1 - band.y.o0;
+      const int64_t pixels = band.pixels(g.n), take = std::min<int64_t>(kChunk - chunk, pixels - c);
+      int64_t b = c / width / height, oy = band.y.o0 + c / width % height,
+              ox = band.x.o0 + c % width;
+      for (int64_t q = chunk; q < chunk + take;) {
+        const int64_t iy = oy * g.sh - g.ph + band.y.k0 * g.dh, y0 = (b * g.oh + oy) * g.ow;
+        const int64_t end = std::min(band.x.o1, ox + chunk + take - q);
+        for (; ox < end; ++ox, ++q)
+          base_at[q] = {b, iy, ox * g.sw - g.pw + band.x.k0 * g.dw},
+          out_at[q] = (y0 + ox) * g.o, band_of[q] = int64_t(bi);
+        ox = band.x.o0;
+        if (++oy == band.y.o1) oy = band.y.o0, ++b;
+      }
+      chunk += take, c += take;
+      if (c == pixels) {
+        ++bi, c = 0;
+        if (!merged) break;  // a band's tiles of its own
+      }
+    }
+    for (int64_t q0 = 0; q0 < chunk; q0 += t.rows) {
+      const int rows = int(std::min<int64_t>(t.rows, chunk - q0));
+      // the tile's taps: its band's, or the union of its bands' that have any (a band's
+      // pixels are adjacent in the chunk), and where each pixel's first one reads x
+      const int64_t first_band = band_of[q0], last_band = band_of[q0 + rows - 1];
+      const bool exact = first_band == last_band;
+      Band tile = band_list[first_band];
+      const Tap* at = base_at + q0;
+      Tap moved[kMaxRows];
+      if (!exact) {
+        for (int64_t bj = first_band + 1; bj <= last_band; ++bj) {
+          const Band& other = band_list[bj];
+          if (other.taps() == 0) continue;
+          if (tile.taps() == 0) {
+            tile = other;
+            continue;
+          }
+          tile.y.k0 = std::min(tile.y.k0, other.y.k0), tile.y.k1 = std::max(tile.y.k1, other.y.k1);
+          tile.x.k0 = std::min(tile.x.k0, other.x.k0), tile.x.k1 = std::max(tile.x.k1, other.x.k1);
         }
-        for (int64_t q0 = 0; q0 < chunk; q0 += t.rows) {
-          const int rows = int(std::min<int64_t>(t.rows, chunk - q0));
-          if (in_place) {
-            for (int r = 0; r < t.rows; ++r) {
-              const Tap& at = taps[q0 + (r < rows ? r : 0)];
-              rows_at[r] = x + ((at.b * g.h + at.iy) * g.w + at.ix) * g.c;
-            }
-          } else if (len) {
-            pack(g, band, x, taps.data() + q0, rows, t.rows, a.data());
-          }
-          for (int64_t gi = 0; gi < g.groups; ++gi) {
-            int64_t first;
-            const Patches s = in_place ? in_place_patches(g, band, rows_at, first)
-                                       : band_patches(g, band, gi, a.data(), first);
-            for (int64_t p = 0; p < count; p += t.panels) {
-              const bool full = p + t.panels <= count;
-              const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,
-                            cols = full ? t.panels * kCols : kCols;
-              Epilogue ep = e;
-              if (e.scale) ep.scale += col, ep.shift += col;
-              (full ? t.full : t.one)(
-                  s, k, panels.data() + ((gi * count + p) * k + first) * kCols,
-                  Store{y + col, outs.data() + q0, rows, std::min(left, cols), ep});
-            }
-          }
+        for (int r = 0; r < rows; ++r) {
+          const Band& own = band_list[band_of[q0 + r]];
+          moved[r] = {at[r].b, at[r].iy + (tile.y.k0 - own.y.k0) * g.dh,
+                      at[r].ix + (tile.x.k0 - own.x.k0) * g.dw};
+        }
+        at = moved;
+      }
+      const bool inside = pad || (in_y && in_x && exact), in_place = rows_in_place && inside;
+      if (in_place) {
+        for (int r = 0; r < t.rows; ++r) {
+          const Tap& p = at[r < rows ? r : 0];
+          rows_at[r] = x + ((p.b * g.h + p.iy) * g.w + p.ix) * g.c;
+        }
+      } else if (tile.taps()) {
+        (inside ? t.unchecked : t.checked)(g, tile, x, at, rows, t.rows, packed);
+      }
+      for (int64_t gi = 0; gi < g.groups; ++gi) {
+        int64_t first;
+        const Patches s = in_place ? in_place_patches(g, tile, rows_at, first)
+                                   : band_patches(g, tile, gi, packed, first);
+        for (int64_t p = 0; p < count; p += t.panels) {
+          const bool full = p + t.panels <= count;
+          const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,
+                        cols = full ? t.panels * kCols : kCols;
+          Epilogue ep = e;
+          if (e.scale) ep.scale += col, ep.shift += col;
+          (full ? t.full : t.one)(s, k, weights + ((gi * count + p) * k + first) * kCols,
+                                  Store{y + col, out_at + q0, rows, std::min(left, cols), ep});
         }
       }
     }
+  }
 }
 
 }  // namespace jaxops::conv

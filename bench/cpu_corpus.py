@@ -15,11 +15,14 @@ For each export of tests/data/corpus (tools/make_corpus.py's small configuration
            (the jitted forward, its params on the device and closed over) vs an
            InferenceSession.
 
-Times are medians of --reps calls after warm-up, jaxops and ORT interleaved in one process
-(this machine's load moves both alike; the end says how). Each export runs at each thread
-setting in a process of its own, as a user's script holds one model (after other corpus
-exports in the same process, DeepLabV3's forward at all1 took 0.20-0.21 ms against 0.15-0.16
-ms alone, ORT's 0.09-0.10 either way; 2026-11-28, one run each):
+Times are medians over --reps loops of BLOCK calls each after warm-up, jaxops' loops and
+ORT's interleaved in one process (this machine's load moves both alike; the end says how);
+the `first` column: the ratio of the medians of each loop's first timed call (the second call
+after an idle wait, right after the other library's loop: what this bench timed until
+2026-12-01). Each export runs at each thread setting in a process of its own, as a user's
+script holds one model (after other corpus exports in the same process, DeepLabV3's forward at
+all1 took 0.20-0.21 ms against 0.15-0.16 ms alone, ORT's 0.09-0.10 either way; 2026-11-28,
+one run each):
 
   1    the worker process bound to one core (sched_setaffinity, before jax or ORT is
        imported: whatever threads either starts share that core), ORT's
@@ -78,8 +81,8 @@ update as an XLA fusion 61, a donated pass-through of its 4 buffers 15).
 Interleaving costs each side some cache warmth (the same jaxops step timed right after another
 jaxops step was 5-8% faster than right after ORT's), and at `all` ORT's intra-op threads spin
 for ~30 ms after each call, one pinned to a core: a jaxops call timed then shared that core
-(resnet_ts' train step 18.2 ms right after ORT's, 16.0 ms 30 ms later). So each timed call now
-follows an untimed call of its own on idle threads (_timed, _settle).
+(resnet_ts' train step 18.2 ms right after ORT's, 16.0 ms 30 ms later). So each loop starts
+on idle threads with an untimed call of its own (_timed, _settle).
 """
 from __future__ import annotations
 
@@ -93,6 +96,7 @@ import time
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus"
+BLOCK = 8  # timed calls a loop (_timed)
 
 
 def cases(quick):  # noqa: ARG001 (python -m bench's family protocol: not a harness family)
@@ -131,22 +135,30 @@ def _settle(limit=0.3):
             return
 
 
-def _timed(fns, reps):
-    """Median seconds of each fn, called in turn reps times (interleaved), and the CPU time
-    each used per wall second (about 1 when pinned to one thread). Each timed call comes
-    right after an untimed call of the same fn, on a process whose threads are idle
-    (_settle): each library as in its own loop, not running beside the other's spinning
-    threads nor on the caches the other left."""
-    times, cpu = [[] for _ in fns], [0.0 for _ in fns]
+def _timed(fns, reps, block=BLOCK):
+    """Each fn's median seconds a call in a loop, the median of the first call of each loop,
+    and the CPU time each used per wall second (about 1 when pinned to one thread). The fns
+    take turns (interleaved, reps times), each running a loop of its own: on a process whose
+    threads are idle (_settle), one untimed call, then `block` timed calls in a row, as a
+    training loop calls a step. The loop's first timed call (the second call after the idle
+    wait, the other library's calls just before it) is what this bench timed until
+    2026-12-01: it met the caches and the branch predictors the other library left, and cost
+    jaxops more than a call in a loop (gpt2_ts's train step at one core: 208 us in a loop
+    alone, 248 us as that call without ORT, ~300 us beside ORT; ORT's 250, 266, ~300)."""
+    times, first, cpu = [[] for _ in fns], [[] for _ in fns], [0.0 for _ in fns]
     for _ in range(reps):
         for i, fn in enumerate(fns):
             _settle()
             fn()
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            times[i].append(time.perf_counter() - t0)
+            c0 = time.process_time()
+            for j in range(block):
+                t0 = time.perf_counter()
+                fn()
+                (first if j == 0 else times)[i].append(time.perf_counter() - t0)
             cpu[i] += time.process_time() - c0
-    return [statistics.median(t) for t in times], [c / sum(t) for c, t in zip(cpu, times)]
+    med = statistics.median
+    return ([med(t) for t in times], [c / (sum(t) + sum(f)) for c, t, f in zip(cpu, times, first)],
+            [med(f) for f in first])
 
 
 def _inputs(name):
@@ -319,9 +331,16 @@ def _print_row(r):
         return
     for kind in ("train", "forward"):
         if kind in r:
-            (ours, theirs), (c_ours, c_theirs) = r[kind]
+            (ours, theirs), (c_ours, c_theirs), (f_ours, f_theirs) = _cells(r[kind])
             print(f"{label}  {kind:<7} {1e3 * ours:9.2f} {1e3 * theirs:9.2f} "
-                  f"{ours / theirs:6.2f}   {c_ours:4.2f} {c_theirs:4.2f}", flush=True)
+                  f"{ours / theirs:6.2f}   {c_ours:4.2f} {c_theirs:4.2f}   "
+                  f"{f_ours / f_theirs:6.2f}", flush=True)
+
+
+def _cells(cell):
+    """(loop medians, cpu/wall, first-call medians) of a row's cell; rows written before
+    2026-12-01 have no first-call medians: their medians are those."""
+    return (*cell, cell[0]) if len(cell) == 2 else cell
 
 
 def main(argv=None):
@@ -367,7 +386,7 @@ def main(argv=None):
     if _ort() is None:
         return 0
     print(f"{'model':<20} {'thr':>3}  {'step':<7} {'jaxops':>9} {'ORT':>9} {'ratio':>6}   "
-          "cpu/wall (jaxops ORT)   ms: medians, ratio: jaxops / ORT")
+          "cpu/wall (jaxops ORT)   first   ms: medians in loops, ratio: jaxops / ORT")
     rows = []
     for t in threads:
         for m in models:
@@ -380,20 +399,21 @@ def main(argv=None):
 
 def markdown(rows) -> str:
     """The rows as a markdown table (what `python -m bench.all` gathers)."""
-    out = ["ms medians, jaxops and ORT interleaved; ratio jaxops / ORT; cpu/wall: CPU seconds "
-           "per wall second (jaxops, ORT)", "",
-           "| model | threads | step | jaxops ms | ORT ms | ratio | cpu/wall |",
-           "|---|---|---|---:|---:|---:|---|"]
+    out = [f"ms medians of calls in loops of {BLOCK}, jaxops' loops and ORT's interleaved; ratio "
+           "jaxops / ORT; cpu/wall: CPU seconds per wall second (jaxops, ORT); first: the ratio "
+           "of each loop's first timed call (the second after an idle wait)", "",
+           "| model | threads | step | jaxops ms | ORT ms | ratio | cpu/wall | first |",
+           "|---|---|---|---:|---:|---:|---|---:|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['model']} | {r['threads']} | error: {r['error']} | | | | |")
+            out.append(f"| {r['model']} | {r['threads']} | error: {r['error']} | | | | | |")
             continue
         for kind in ("train", "forward"):
             if kind in r:
-                (ours, theirs), (c_ours, c_theirs) = r[kind]
+                (ours, theirs), (c_ours, c_theirs), (f_ours, f_theirs) = _cells(r[kind])
                 out.append(f"| {r['model']} | {r['threads']} | {kind} | {1e3 * ours:.2f} | "
                            f"{1e3 * theirs:.2f} | {ours / theirs:.2f} | "
-                           f"{c_ours:.2f} {c_theirs:.2f} |")
+                           f"{c_ours:.2f} {c_theirs:.2f} | {f_ours / f_theirs:.2f} |")
     return "\n".join(out)
 
 

@@ -9,13 +9,14 @@ from bench import cpu_corpus  # noqa: E402
 
 
 def test_rows_become_a_table_that_bench_all_keeps():
-    rows = [{"model": "gpt2_ts", "threads": 1, "train": [[0.002, 0.001], [1.0, 0.98]],
-             "forward": [[0.0005, 0.001], [1.0, 1.0]]},
+    rows = [{"model": "gpt2_ts", "threads": 1,
+             "train": [[0.002, 0.001], [1.0, 0.98], [0.003, 0.001]],
+             "forward": [[0.0005, 0.001], [1.0, 1.0]]},  # (a row of before the first column)
             {"model": "bad_ts", "threads": "all", "error": "ValueError: x"}]
     text = "gpt2_ts   1  train   2.00  1.00\n\n" + cpu_corpus.markdown(rows)
     kept = bench_all._tables(text)
-    assert "| gpt2_ts | 1 | train | 2.00 | 1.00 | 2.00 | 1.00 0.98 |" in kept
-    assert "| gpt2_ts | 1 | forward | 0.50 | 1.00 | 0.50 |" in kept
+    assert "| gpt2_ts | 1 | train | 2.00 | 1.00 | 2.00 | 1.00 0.98 | 3.00 |" in kept
+    assert "| gpt2_ts | 1 | forward | 0.50 | 1.00 | 0.50 | 1.00 1.00 | 0.50 |" in kept
     assert "| bad_ts | all | error: ValueError: x |" in kept
     assert "gpt2_ts   1  train" not in kept  # the fixed-width lines are not tables
 
@@ -71,14 +72,28 @@ def test_ort_module_goes_before_its_checkpoint_state(monkeypatch):
     assert freed.index("state") > max(freed.index("module"), freed.index("optimizer"))
 
 
-def test_each_timed_call_follows_its_own_call_on_idle_threads(monkeypatch):
-    """_timed: every timed call comes right after an untimed call of the same side, after
-    _settle (ORT's spinning threads took a core from a jaxops call timed right after ORT's)."""
-    calls = []
-    monkeypatch.setattr(cpu_corpus, "_settle", lambda: calls.append("settle"))
-    times, cpu = cpu_corpus._timed([lambda: calls.append("a"), lambda: calls.append("b")], 2)
-    assert calls == ["settle", "a", "a", "settle", "b", "b"] * 2
-    assert len(times) == len(cpu) == 2
+def test_each_side_runs_loops_of_its_own_on_idle_threads(monkeypatch):
+    """_timed: each side's timed calls come in loops of `block`, each loop after _settle (ORT's
+    spinning threads took a core from a jaxops call timed right after ORT's) and an untimed call
+    of the same side; the loop's first timed call is reported apart, the others' median as the
+    call's time."""
+    calls, now, in_loop = [], [0.0], [0]
+
+    def settle():
+        calls.append("settle")
+        in_loop[0] = 0
+
+    def side(name, first, rest):  # a fake call: its loop's first timed call takes `first` s
+        def fn():
+            calls.append(name)
+            in_loop[0] += 1  # 1: the untimed call
+            now[0] += first if in_loop[0] == 2 else rest
+        return fn
+    monkeypatch.setattr(cpu_corpus, "_settle", settle)
+    monkeypatch.setattr(cpu_corpus.time, "perf_counter", lambda: now[0])
+    times, cpu, first = cpu_corpus._timed([side("a", 5.0, 1.0), side("b", 2.0, 3.0)], 2, block=3)
+    assert calls == ["settle", "a", "a", "a", "a", "settle", "b", "b", "b", "b"] * 2
+    assert times == [1.0, 3.0] and first == [5.0, 2.0] and len(cpu) == 2
 
 
 def _cpu_clock(monkeypatch, busy_windows):

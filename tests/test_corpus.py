@@ -6,7 +6,8 @@ Each export records ORT's inputs, its 5 AdamW losses and its first step's gradie
 match the losses to 1e-5 relative and the gradients to 1e-5 of the largest |gradient|. Where
 ORT's own gradient is wrong (ORT_WRONG), the gradients are checked against float64 instead:
 jax.grad of the training model's forward (its loss output) through jaxops' program, and the
-test checks that ORT really is off there."""
+test checks that ORT really is off there. Where ORT's float32 losses drift from float64's
+(ORT_DRIFTS), jaxops' losses are checked against float64's to 1e-5, and ORT's drift too."""
 import json
 from pathlib import Path
 
@@ -29,8 +30,7 @@ EXPORTS = sorted(k for k, v in MANIFEST.items() if v["status"] == "ok")
 ORT_CANNOT_TRAIN = sorted(k for k, v in MANIFEST.items() if v["status"] == "forward_only"
                           and (CORPUS / k / "training_model.onnx").exists())
 # float32 training against float64: gradients of DeepLabV3 (2048 pixels a loss) 1.1e-5 of the
-# largest off on the CPU, 3.2e-5 on an H100 (cuDNN's convolutions); losses 4e-5 off after 5
-# steps on ResNet, ORT's as jaxops' (measured 2026-11-24)
+# largest off on the CPU, 3.2e-5 on an H100 (cuDNN's convolutions) (measured 2026-11-24)
 F64_GRAD_TOL = 1e-4
 # deeplabv3_ts's 4th f32 loss 1.0001e-4 off float64's on jax 0.12.0.1 (2026-11-25, before and
 # after the CPU convolution kernel alike): f32 rounding compounding over the steps
@@ -42,6 +42,12 @@ LOSS_RTOL = 1e-5
 # gradient builder can leave the gradient of a scalar that a Where broadcasts unreduced
 # (docs/onnx-importer.md); none of the corpus' exports has that pattern today.
 ORT_WRONG: dict[str, str] = {}
+# Exports whose ORT losses drift from float64's by more than LOSS_RTOL over the 5 steps while
+# jaxops' stay within it: their losses are checked against float64 (and ORT's drift with them).
+_BN_SUMS = ("ORT's float32 BatchNorm sums 32768 values a channel in one running sum; jaxops' "
+            "CPU kernel in 16 lanes: losses 4.1e-5 (ORT) and 1.6e-7 (jaxops) off float64, "
+            "2026-12-01")
+ORT_DRIFTS: dict[str, str] = {"resnet_ts": _BN_SUMS, "resnet_dynamo": _BN_SUMS}
 
 
 def _reference(name):
@@ -118,14 +124,20 @@ def _max_error(ours: dict, want: dict) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("name", EXPORTS)
-def test_export_trains_unchanged_and_matches(name):
+def test_export_trains_unchanged_and_matches(name, tmp_path):
     ref, data = _reference(name)
     losses, grads = _train(name, ref, data)
     ort_grads = {n: data[f"grad_{n}"] for n in ref["trainable"]}
     if name not in ORT_WRONG:
         err, scale = _max_error(grads, ort_grads)
         assert err <= GRAD_TOL * scale, f"gradients {err:.3g} off ORT's (largest {scale:.3g})"
-        np.testing.assert_allclose(losses, data["losses"], rtol=LOSS_RTOL)
+        if name not in ORT_DRIFTS:
+            np.testing.assert_allclose(losses, data["losses"], rtol=LOSS_RTOL)
+            return
+        truth = _float64_losses(name, ref, data, tmp_path)
+        np.testing.assert_allclose(losses, truth, rtol=LOSS_RTOL)
+        drift = float(np.abs(data["losses"] / truth - 1).max())
+        assert drift > LOSS_RTOL, f"ORT's losses no longer drift ({drift:.3g} off float64)"
         return
     # ORT's gradient is wrong here: float64 decides, and ORT's later losses follow its error
     want = _float64_gradients(name, ref, data)

@@ -104,6 +104,7 @@ def test_program_jit_moves_small_forwards_to_one_thread(monkeypatch):
     assert [forward(x).devices() for _ in range(2)] == [{one}, {one}]
     np.testing.assert_array_equal(forward(x), x + 1)
     np.testing.assert_array_equal(forward(x=jax.device_put(x, home)), x + 1)
+    assert forward(jax.device_put(x, home)).devices() == {one}  # positional: moved too
     monkeypatch.setattr(program, "POLL_MAX_FLOPS", 0)
     assert p.jit()(x).devices() == {home}
     # which params may move: host ones and those on jax's default device, not others

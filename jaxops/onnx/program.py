@@ -157,7 +157,9 @@ class PollingJit:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        if self._device is not None:
+        if self._device is not None and (kwargs or any(type(x) is not np.ndarray for x in args)):
+            # (numpy arrays go as they are: the tree_map cost 1.7 us a call, MobileNetV3's
+            # forward 53 us on one core)
             args, kwargs = jax.tree_util.tree_map(self._onto, (args, kwargs))
         if self._remake is not None and not any(
                 isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):

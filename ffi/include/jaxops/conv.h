@@ -7,8 +7,8 @@
 // in x or a zero-bordered copy of it, packed where groups or dilations split them) by
 // 16-channel panels of the weights in registers (a tile of FMAs: 6 pixels x 16 channels
 // on AVX2, 12 x 32 on AVX-512, picked at run time). Where the pads cost much (a dilated 3x3
-// on a small map reads pads at most of its taps), the outputs go in bands of those whose taps
-// inside x are the same, and only those taps are computed.
+// on a small map reads pads at most of its taps, a 7x7 stem at a tenth), the outputs go in
+// bands of those whose taps inside x are the same, and a tile computes only its bands' taps.
 #pragma once
 
 #include <algorithm>

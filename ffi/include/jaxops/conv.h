@@ -418,12 +418,13 @@ inline void spans(int64_t out, int64_t s, int64_t p, int64_t d, int64_t k, int64
 // What tiling the outputs by bands of these spans costs: per tile its patch rows' length
 // plus kTileCost, the packing and storing of a tile in the same units, plus kPartCost where it
 // computes part of the kernel (its loops then run other trip counts than the whole kernel's
-// tiles: a 3-channel 3x3 stem of 27 values a patch row ran 7% slower split, one AVX-512 core). With `merged`, the
-// bands' pixels are one sequence (band after band, ys outer) cut into whole tiles, a tile
-// computing the taps of every band it holds (their union); else each band is cut into tiles
-// of its own, the last one part-filled. Merged tiles save the part-filled ones where bands
-// are small (DeepLabV3's 7x7 stem: 16 bands, up to 2 pixels at the corners); bands of their
-// own save the union's taps where they are large (its dilated 3x3s at 4x4).
+// tiles: a 3-channel 3x3 stem of 27 values a patch row ran 7% slower split, one core,
+// 2026-12-01). With `merged`, the bands' pixels are one sequence (band after band, ys outer)
+// cut into whole tiles, a tile computing the taps of every band it holds (their union); else
+// each band is cut into tiles of its own, the last one part-filled. Merged tiles save the
+// part-filled ones where bands are small (DeepLabV3's 7x7 stem: 16 bands, up to 2 pixels at
+// the corners); bands of their own save the union's taps where they are large (its dilated
+// 3x3s at 4x4).
 constexpr double kTileCost = 48, kPartCost = 16;
 constexpr int64_t kChunk = 960;  // pixels at a time: whole tiles (6 and 12 rows)
 inline double cost(const Geometry& g, const Span* ys, size_t ny, const Span* xs, size_t nx,
@@ -563,8 +564,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   bands.clear();
   for (const Span sy : ys)
     for (const Span sx : xs) bands.push_back({sy, sx});
-  // the scratch as plain pointers: thread_locals of a shared library are looked up through
-  // __tls_get_addr, which the loops below would call again after each tile's indirect call
+  // the scratch as plain pointers in the loops (in a shared library a thread_local may be
+  // looked up through __tls_get_addr where it is used)
   Tap* const base_at = base.data();
   int64_t *const out_at = outs.data(), *const band_of = owner.data();
   const Band* const band_list = bands.data();

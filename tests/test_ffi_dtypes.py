@@ -106,12 +106,23 @@ _SCRIPT = textwrap.dedent(r'''
                      ph=np.int64(0), pw=np.int64(0), groups=np.int64(1), affine=np.int64(1),
                      lo=np.float32(0), hi=np.float32(np.inf), isa=np.int64(0)))
 
+    def depthwise(role):  # x [2, 3, 5, 5] by w [6, 1, 3, 3] (multiplier 2), pads 1
+        shapes = {"y": (2, 6, 5, 5), "x": (2, 3, 5, 5), "w": (6, 1, 3, 3)}
+        operands, result = {"fwd": (("x", "w"), "y"), "dx": (("y", "w"), "x"),
+                            "dw": (("y", "x"), "w")}[role]
+        return lambda t: ([S(shapes[result], t)], [arr(shapes[o], t) for o in operands],
+                          dict(dh=np.int64(1), dw=np.int64(1), ph=np.int64(1), pw=np.int64(1),
+                               isa=np.int64(0)))
+
     def take_ranges(t):  # two pieces with a gap between them
         return ([S((2, 3), t), S((4,), t)], [arr((20,), t)], dict(offsets=np.array([1, 9])))
 
     CALLS = {
         "jaxops_conv_nhwc": conv_nhwc,
         "jaxops_take_ranges": take_ranges,
+        "jaxops_depthwise_conv": depthwise("fwd"),
+        "jaxops_depthwise_conv_dx": depthwise("dx"),
+        "jaxops_depthwise_conv_dw": depthwise("dw"),
         "jaxops_concat_training": concat,
         "jaxops_split_training": split,
         "jaxops_gather_grad": gather,

@@ -35,7 +35,7 @@ from jax import lax
 from jaxops._src import geometry, rules
 from jaxops._src.compat import mark_varying, varying_axes
 from jaxops._src.spec import Matrix, define
-from jaxops.ops import conv_cpu
+from jaxops.ops import conv_cpu, depthwise_cpu
 
 _AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
@@ -547,6 +547,9 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     cpu_kernel = w.shape[2:] if live is None else tuple(b - a for a, b in live[0])
     kernel = channels_last and conv_cpu.applies(
         x, (*w.shape[:2], *cpu_kernel), strides, dilations, group, cpu_padding, lhs_dilation)
+    # traced weights' depthwise ones (a training step's): the depthwise kernel
+    depthwise = not kernel and not channels_last and depthwise_cpu.applies(
+        x, (*w.shape[:2], *cpu_kernel), strides, dilations, group, cpu_padding, lhs_dilation)
     windowed = group > 1 or (dense and _windowed_dense(
         x, cpu_kernel, cpu_padding, dilations, lhs_dilation, strides, channels_last))
     if live is None and not windowed and not kernel:
@@ -564,6 +567,9 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
         return conv_cpu.conv_nchw(x, w, strides, dilations, cpu_padding, group,
                                   *epilogue.folded(*ops), epilogue.lo, epilogue.hi)
 
+    def in_depthwise(x, w, *ops):
+        return after(depthwise_cpu.forward(x, w, dilations, cpu_padding), *ops)
+
     def cpu(x, w, *ops):
         if live is not None:
             w = w[(slice(None),) * 2 + tuple(slice(a, b) for a, b in live[0])]
@@ -571,6 +577,8 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
             # differentiated as before_kernel: a forward that is differentiated after all
             # (a forward-only export trained) keeps its gradients' formulation and numerics
             return conv_cpu.with_derivatives_of(before_kernel, in_kernel)(x, w, *ops)
+        if depthwise:  # (its derivatives are its own kernels)
+            return in_depthwise(x, w, *ops)
         return before_kernel(x, w, *ops)
     # the platform is chosen when lowering: the compiler never sees a conditional
     return lax.platform_dependent(x, w, *ops, cpu=cpu, default=xla)
@@ -739,6 +747,8 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
         # dense=True: the dense convolutions that windowed_conv runs faster on the CPU (1x1,
         # image stems, patchify) are windowed there, so are their gradients (matmuls)
         return _conv(x, w, attrs, padding, dense=True)
+    depthwise = depthwise_cpu.applies(X, W.shape, attrs.strides, attrs.dilations, attrs.group,
+                                      padding, None)
     if attrs.group > 1:
         # windowed_conv on the CPU: its transposes written out run faster there
         def dx(dY, w):
@@ -746,6 +756,9 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
             return grouped_conv_dx(dY.astype(acc), w.astype(acc), X.shape, attrs.strides,
                                    padding, attrs.dilations, attrs.group).astype(X.dtype)
         forward.dx = dx
+        if depthwise:
+            forward.dx = lambda dY, w: depthwise_cpu.dx(dY, w, X.shape[1:], attrs.dilations,
+                                                        padding).astype(X.dtype)
     if _taps_dw(X, attrs, padding):
 
         def dw(dY, x):  # on the CPU: see dense_conv_dw
@@ -768,6 +781,9 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
             return depthwise_conv_dw(dY.astype(acc), x.astype(acc), attrs.kernel, attrs.strides,
                                      padding, attrs.dilations).astype(W.dtype)
         forward.dw = dw
+        if depthwise:
+            forward.dw = lambda dY, x: depthwise_cpu.dw(dY, x, attrs.kernel, attrs.dilations,
+                                                        padding).astype(W.dtype)
     return forward
 
 

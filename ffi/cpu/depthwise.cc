@@ -10,9 +10,9 @@
 // plane read flat at the scratch's row pitch: the columns past a row's end are computed and
 // dropped (a 7x7 over an 8x8 plane: 14 columns a row for 8), so a tap is one long loop where
 // the rows were loops of 4-8 lanes. Outputs go in blocks of 64 kept in registers across the
-// taps: four independent chains of 16-lane multiply-adds (one chain waited on the FMA's
-// latency: 3-4x slower). The filter gradient sums each tap in 64 lanes the same way, added
-// pairwise at the end.
+// taps: eight independent chains of 8-lane multiply-adds (one chain of 16 waited on the FMA's
+// latency: 3-4x slower). The filter gradient sums each tap over every image in a register of
+// its own, eight taps a pass, the lanes added pairwise at the end.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -69,6 +69,7 @@ void place(const float* src, int64_t sh, int64_t sw, float* dst, const Plane& p,
 // ABI note -Wpsabi gives for that does not apply.
 typedef float V __attribute__((vector_size(32)));
 constexpr int kV = 8, kBlock = kLanes / kV;
+constexpr int kGroup = 8;  // dw's taps a pass
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define JAXOPS_INLINE inline __attribute__((always_inline))
 JAXOPS_INLINE V load(const float* p) {
@@ -97,19 +98,25 @@ JAXOPS_INLINE void correlate(const float* __restrict src, const int64_t* off,
   }
 }
 
-// lanes[t][l] += sum over the blocks of dy[q + l] * x[off[t] + q + l], q < `length` rounded
-// up to a block (dy zero past `length`).
-JAXOPS_INLINE void tap_sums(const float* __restrict dy, const float* __restrict x,
-                                const int64_t* off, int64_t taps, int64_t length,
-                                float* __restrict lanes) {
-  for (int64_t t = 0; t < taps; ++t) {
-    float* l = lanes + t * kLanes;
-    V acc[kBlock];
-    for (int i = 0; i < kBlock; ++i) acc[i] = load(l + i * kV);
-    const float* p = x + off[t];
-    for (int64_t q = 0; q < length; q += kLanes)
-      for (int i = 0; i < kBlock; ++i) acc[i] += load(dy + q + i * kV) * load(p + q + i * kV);
-    for (int i = 0; i < kBlock; ++i) store(l + i * kV, acc[i]);
+// lanes[t] (8 lanes) = sum over the n images' planes and the 8-float blocks of q < `length`
+// rounded up to a block of dy[q + l] * x[off[t] + q + l] (dy zero past `length`; image b's
+// planes `dy_stride` and `x_stride` floats apart). Taps go in groups of 8, each tap's sum in a
+// register of its own: one load of dy serves 8 taps (taps past the last ones of off read
+// off's padding and are dropped by the caller).
+JAXOPS_INLINE void tap_sums(const float* __restrict dy, const float* __restrict x, int64_t n,
+                            int64_t dy_stride, int64_t x_stride, const int64_t* off,
+                            int64_t groups, int64_t length, float* __restrict lanes) {
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const int64_t* o = off + gi * kGroup;
+    V acc[kGroup] = {};
+    for (int64_t b = 0; b < n; ++b) {
+      const float *d = dy + b * dy_stride, *xs = x + b * x_stride;
+      for (int64_t q = 0; q < length; q += kV) {
+        const V dv = load(d + q);
+        for (int i = 0; i < kGroup; ++i) acc[i] += dv * load(xs + o[i] + q);
+      }
+    }
+    for (int i = 0; i < kGroup; ++i) store(lanes + (gi * kGroup + i) * kV, acc[i]);
   }
 }
 
@@ -117,15 +124,17 @@ JAXOPS_INLINE void tap_sums(const float* __restrict dy, const float* __restrict 
 // AVX2 and FMA, or for the baseline (8-float vectors as two SSE registers).
 struct Loops {
   void (*correlate)(const float*, const int64_t*, const float*, int64_t, int64_t, bool, float*);
-  void (*tap_sums)(const float*, const float*, const int64_t*, int64_t, int64_t, float*);
+  void (*tap_sums)(const float*, const float*, int64_t, int64_t, int64_t, const int64_t*,
+                   int64_t, int64_t, float*);
 };
 void correlate_plain(const float* src, const int64_t* off, const float* wt, int64_t taps,
                      int64_t length, bool accumulate, float* out) {
   correlate(src, off, wt, taps, length, accumulate, out);
 }
-void tap_sums_plain(const float* dy, const float* x, const int64_t* off, int64_t taps,
-                    int64_t length, float* lanes) {
-  tap_sums(dy, x, off, taps, length, lanes);
+void tap_sums_plain(const float* dy, const float* x, int64_t n, int64_t dy_stride,
+                    int64_t x_stride, const int64_t* off, int64_t groups, int64_t length,
+                    float* lanes) {
+  tap_sums(dy, x, n, dy_stride, x_stride, off, groups, length, lanes);
 }
 #ifdef JAXOPS_DEPTHWISE_X86
 __attribute__((target("avx2,fma"))) void correlate_avx2(const float* src, const int64_t* off,
@@ -135,9 +144,11 @@ __attribute__((target("avx2,fma"))) void correlate_avx2(const float* src, const 
   correlate(src, off, wt, taps, length, accumulate, out);
 }
 __attribute__((target("avx2,fma"))) void tap_sums_avx2(const float* dy, const float* x,
-                                                       const int64_t* off, int64_t taps,
-                                                       int64_t length, float* lanes) {
-  tap_sums(dy, x, off, taps, length, lanes);
+                                                       int64_t n, int64_t dy_stride,
+                                                       int64_t x_stride, const int64_t* off,
+                                                       int64_t groups, int64_t length,
+                                                       float* lanes) {
+  tap_sums(dy, x, n, dy_stride, x_stride, off, groups, length, lanes);
 }
 #endif
 
@@ -151,9 +162,9 @@ Loops loops(int64_t isa) {
   return {correlate_plain, tap_sums_plain};
 }
 
-// A block's lanes added pairwise (a fixed order).
+// A register's lanes added pairwise (a fixed order).
 float lane_sum(float* v) {
-  for (int width = kLanes / 2; width > 0; width /= 2)
+  for (int width = kV / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) v[l] += v[l + width];
   return v[0];
 }
@@ -241,40 +252,48 @@ bool all_finite(const float* v, int64_t n) {
 }
 
 // dw [C * M, 1, KH, KW] = the transpose of forward in w at dy: dw[j, t] = sum over the images
-// and outputs of dy[j] times the x pixel that tap t reads for it. The flat loops multiply the
-// zeros past each dy row's end by x pixels no output of that tap reads: where a plane of x
-// holds an inf or a NaN, its products go row by row instead (as the reference sums them).
+// and outputs of dy[j] times the x pixel that tap t reads for it. An input channel's planes of
+// every image are placed first (x's, and dy's of its M outputs), then each tap sums them all in
+// one register. The flat loops multiply the zeros past each dy row's end by x pixels no output
+// of that tap reads: where a channel's x holds an inf or a NaN, its products go row by row
+// instead (as the reference sums them).
 void dw(const Geometry& g, const Loops& f, const float* dy, const float* x, float* dw_out) {
   Scratch& s = Scratch::get();
   const Plane p{g.oh + g.reach_h(), g.ow + g.reach_w()}, d{g.oh, p.pitch};
-  const int64_t length = g.oh * p.pitch, taps = g.taps();
-  zeroed(s.plane, p.size());
-  zeroed(s.full, d.size());
-  s.lanes.resize(size_t(g.m * taps * kLanes));  // an input channel's outputs' sums
+  const int64_t length = g.oh * p.pitch, taps = g.taps(), groups = (taps + kGroup - 1) / kGroup;
+  zeroed(s.plane, g.n * p.size());
+  zeroed(s.full, g.m * g.n * d.size());
+  s.lanes.resize(size_t(groups * kGroup * kV));
   offsets(g, p.pitch, false, s.off);
+  s.off.resize(size_t(groups * kGroup), 0);  // the last group's padding: tap 0 again
   for (int64_t ci = 0; ci < g.c; ++ci) {
-    std::fill(s.lanes.begin(), s.lanes.end(), 0.f);
+    bool finite = true;
     for (int64_t b = 0; b < g.n; ++b) {
       const float* plane = x + (b * g.c + ci) * g.h * g.w;
-      place(plane, g.h, g.w, s.plane.data(), p, g.ph, g.pw);
-      const bool finite = all_finite(plane, g.h * g.w);
-      for (int64_t mi = 0; mi < g.m; ++mi) {
-        const float* grad = dy + (b * g.c * g.m + ci * g.m + mi) * g.oh * g.ow;
-        float* lanes = s.lanes.data() + mi * taps * kLanes;
-        if (finite) {
-          place(grad, g.oh, g.ow, s.full.data(), d, 0, 0);
-          f.tap_sums(s.full.data(), s.plane.data(), s.off.data(), taps, length, lanes);
-          continue;
-        }
-        for (int64_t t = 0; t < taps; ++t)
-          for (int64_t oy = 0; oy < g.oh; ++oy)
-            for (int64_t ox = 0; ox < g.ow; ++ox)
-              lanes[t * kLanes + ox % kLanes] +=
-                  grad[oy * g.ow + ox] * s.plane[s.off[t] + oy * p.pitch + ox];
-      }
+      place(plane, g.h, g.w, s.plane.data() + b * p.size(), p, g.ph, g.pw);
+      finite &= all_finite(plane, g.h * g.w);
+      for (int64_t mi = 0; mi < g.m; ++mi)
+        place(dy + (b * g.c * g.m + ci * g.m + mi) * g.oh * g.ow, g.oh, g.ow,
+              s.full.data() + (mi * g.n + b) * d.size(), d, 0, 0);
     }
-    for (int64_t i = 0; i < g.m * taps; ++i)
-      dw_out[ci * g.m * taps + i] = lane_sum(s.lanes.data() + i * kLanes);
+    for (int64_t mi = 0; mi < g.m; ++mi) {
+      const float* grads = s.full.data() + mi * g.n * d.size();
+      float* lanes = s.lanes.data();
+      if (finite) {
+        f.tap_sums(grads, s.plane.data(), g.n, d.size(), p.size(), s.off.data(), groups,
+                   length, lanes);
+      } else {
+        std::fill(s.lanes.begin(), s.lanes.end(), 0.f);
+        for (int64_t b = 0; b < g.n; ++b)
+          for (int64_t t = 0; t < taps; ++t)
+            for (int64_t oy = 0; oy < g.oh; ++oy)
+              for (int64_t ox = 0; ox < g.ow; ++ox)
+                lanes[t * kV + ox % kV] += grads[b * d.size() + oy * p.pitch + ox] *
+                                           s.plane[b * p.size() + s.off[t] + oy * p.pitch + ox];
+      }
+      for (int64_t t = 0; t < taps; ++t)
+        dw_out[(ci * g.m + mi) * taps + t] = lane_sum(lanes + t * kV);
+    }
   }
   s.trim();
 }

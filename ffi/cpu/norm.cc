@@ -103,10 +103,15 @@ ffi::Error invertible_grad(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::AnyBuffer s
 // ------------------------------------------------------------------------------------------
 // BatchNorm: channel c of group g holds x[((g * n + i) * c + ch) * s + k] for i < n, k < s.
 
+// Where image i's run of channel ch of group g starts (s elements long).
+inline int64_t run_start(const BnView& v, int64_t g, int64_t i, int64_t ch) {
+  return ((g * v.n + i) * v.c + ch) * v.s;
+}
+
 template <typename F>
 void for_channel(const BnView& v, int64_t g, int64_t ch, F&& f) {
   for (int64_t i = 0; i < v.n; ++i) {
-    const int64_t base = ((g * v.n + i) * v.c + ch) * v.s;
+    const int64_t base = run_start(v, g, i, ch);
     for (int64_t k = 0; k < v.s; ++k) f(base + k);
   }
 }
@@ -121,7 +126,7 @@ template <typename A, typename F>
 A channel_sum(const BnView& v, int64_t g, int64_t ch, F&& term) {
   A lanes[kLanes] = {};
   for (int64_t i = 0; i < v.n; ++i) {
-    const int64_t base = ((g * v.n + i) * v.c + ch) * v.s;
+    const int64_t base = run_start(v, g, i, ch);
     int64_t k = 0;
     for (; k + kLanes <= v.s; k += kLanes)
       for (int64_t l = 0; l < kLanes; ++l) lanes[l] += term(base + k + l);

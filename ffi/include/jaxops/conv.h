@@ -126,6 +126,18 @@ struct Band {
   int64_t taps() const { return (y.k1 - y.k0) * (x.k1 - x.k0); }
 };
 
+// tile's taps widened to also cover other's (a band without taps adds none; a tile without
+// any takes other's): a tile across bands computes the union of theirs.
+inline void unite(Band& tile, const Band& other) {
+  if (other.taps() == 0) return;
+  if (tile.taps() == 0) {
+    tile = other;
+    return;
+  }
+  tile.y.k0 = std::min(tile.y.k0, other.y.k0), tile.y.k1 = std::max(tile.y.k1, other.y.k1);
+  tile.x.k0 = std::min(tile.x.k0, other.x.k0), tile.x.k1 = std::max(tile.x.k1, other.x.k1);
+}
+
 // Where an output pixel's first tap of its band reads x: image, row and column (outside x
 // where the taps are checked).
 struct Tap {
@@ -430,13 +442,14 @@ constexpr int64_t kChunk = 960;  // pixels at a time: whole tiles (6 and 12 rows
 inline double cost(const Geometry& g, const Span* ys, size_t ny, const Span* xs, size_t nx,
                    int rows, bool merged) {
   double sum = 0;
-  int64_t fill = 0, ky0 = 0, ky1 = 0, kx0 = 0, kx1 = 0;  // the open merged tile
+  int64_t fill = 0;
+  Band open{};  // the open merged tile's taps
   const auto tile = [&](int64_t taps) {
     return double(taps * g.c) + kTileCost + (taps < g.kh * g.kw ? kPartCost : 0);
   };
   const auto close = [&] {
-    sum += tile((ky1 - ky0) * (kx1 - kx0));
-    fill = ky0 = ky1 = kx0 = kx1 = 0;
+    sum += tile(open.taps());
+    fill = 0, open = Band{};
   };
   for (size_t i = 0; i < ny; ++i)
     for (size_t j = 0; j < nx; ++j) {
@@ -447,13 +460,7 @@ inline double cost(const Geometry& g, const Span* ys, size_t ny, const Span* xs,
         continue;
       }
       for (int64_t left = band.pixels(g.n); left > 0;) {
-        if (band.taps() > 0) {  // (a band without taps adds none to the union)
-          const bool open = (ky1 - ky0) * (kx1 - kx0) > 0;
-          ky0 = open ? std::min(ky0, band.y.k0) : band.y.k0;
-          ky1 = open ? std::max(ky1, band.y.k1) : band.y.k1;
-          kx0 = open ? std::min(kx0, band.x.k0) : band.x.k0;
-          kx1 = open ? std::max(kx1, band.x.k1) : band.x.k1;
-        }
+        unite(open, band);
         const int64_t take = std::min<int64_t>(rows - fill, left);
         fill += take, left -= take;
         if (fill == rows) close();
@@ -545,8 +552,10 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   // The zero-bordered copy where taps still read the pads (a band's, or a merged tile's of
   // another band), but not for dilated kernel rows (copied tap by tap anyway: there the copy
   // only costs), nor where the copy would outgrow the patch rows (copy_pays). Then every tap
-  // reads inside the copy.
-  const bool pad = o.dw == 1 && !(in_y && in_x && !merged) && copy_pays(o);
+  // reads inside the copy. every_inside: every tile's taps lie inside x or its copy (a merged
+  // tile of one band's pixels may also, without the copy).
+  const bool bands_inside = in_y && in_x && !merged;
+  const bool pad = o.dw == 1 && !bands_inside && copy_pays(o), every_inside = pad || bands_inside;
   const Geometry g = pad ? padded(o, x, copy) : o;
   if (pad) x = copy.data();
   // One group, undilated kernel rows, every tap of a tile inside x (or its copy): the tile
@@ -557,8 +566,7 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const int64_t k = g.k(), count = panels_of(g);
   if (panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
-  if (!(rows_in_place && (pad || (in_y && in_x && !merged))) &&
-      a.size() < size_t(t.rows * g.patch()))
+  if (!(rows_in_place && every_inside) && a.size() < size_t(t.rows * g.patch()))
     a.resize(t.rows * g.patch());
   pack_weights(g, w, panels.data());
   bands.clear();
@@ -608,16 +616,7 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
       const Tap* at = base_at + q0;
       Tap moved[kMaxRows];
       if (!exact) {
-        for (int64_t bj = first_band + 1; bj <= last_band; ++bj) {
-          const Band& other = band_list[bj];
-          if (other.taps() == 0) continue;
-          if (tile.taps() == 0) {
-            tile = other;
-            continue;
-          }
-          tile.y.k0 = std::min(tile.y.k0, other.y.k0), tile.y.k1 = std::max(tile.y.k1, other.y.k1);
-          tile.x.k0 = std::min(tile.x.k0, other.x.k0), tile.x.k1 = std::max(tile.x.k1, other.x.k1);
-        }
+        for (int64_t bj = first_band + 1; bj <= last_band; ++bj) unite(tile, band_list[bj]);
         for (int r = 0; r < rows; ++r) {
           const Band& own = band_list[band_of[q0 + r]];
           moved[r] = {at[r].b, at[r].iy + (tile.y.k0 - own.y.k0) * g.dh,
@@ -625,7 +624,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
         }
         at = moved;
       }
-      const bool inside = pad || (in_y && in_x && exact), in_place = rows_in_place && inside;
+      const bool inside = every_inside || (in_y && in_x && exact),
+                 in_place = rows_in_place && inside;
       if (in_place) {
         for (int r = 0; r < t.rows; ++r) {
           const Tap& p = at[r < rows ? r : 0];

@@ -81,9 +81,9 @@ JAXOPS_INLINE void store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
 
 // out[q] = (accumulate ? out[q] : 0) + sum_t wt[t] * src[off[t] + q] for q < `length` rounded
 // up to a block, taps in order, each block's sums in registers.
-JAXOPS_INLINE void correlate(const float* __restrict src, const int64_t* off,
-                                 const float* wt, int64_t taps, int64_t length, bool accumulate,
-                                 float* __restrict out) {
+JAXOPS_INLINE void correlate(const float* __restrict src, const int64_t* off, const float* wt,
+                             int64_t taps, int64_t length, bool accumulate,
+                             float* __restrict out) {
   for (int64_t q = 0; q < length; q += kLanes) {
     float* o = out + q;
     V acc[kBlock] = {};
@@ -171,7 +171,8 @@ float lane_sum(float* v) {
 
 // The [rows, cols] corner of `full` (row pitch `pitch`) into dst [rows, cols].
 void take(const float* full, int64_t pitch, int64_t rows, int64_t cols, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, full + r * pitch, sizeof(float) * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * cols, full + r * pitch, sizeof(float) * cols);
 }
 
 // The flat offset of each tap (ky, kx) in a plane of row pitch `pitch`; flipped: the tap
@@ -202,45 +203,37 @@ struct Scratch {
 
 void zeroed(std::vector<float>& v, int64_t size) { v.assign(size_t(size), 0.f); }
 
-// y [N, C * M, OH, OW] = x (*) w.
-void forward(const Geometry& g, const Loops& f, const float* x, const float* w, float* y) {
+// The correlation both ways. Forward (transpose false): y [N, C * M, OH, OW] = x (*) w, each x
+// plane read for its M outputs. dx (transpose true): the transpose in x at dy, dx [N, C, H, W]:
+// dx[i] = sum over the taps t and the M outputs of w[t] * dy[i + pad - t * dilation], dy read
+// as zero outside it: a correlation of dy, zero-bordered by the taps' reach less the pads, with
+// the flipped kernel, the M planes summed into one.
+void correlation(const Geometry& g, const Loops& f, bool transpose, const float* src,
+                 const float* w, float* dst) {
   Scratch& s = Scratch::get();
-  const Plane p{g.oh + g.reach_h(), g.ow + g.reach_w()};
-  const int64_t length = g.oh * p.pitch;
+  const int64_t rows = transpose ? g.h : g.oh, cols = transpose ? g.w : g.ow;  // a dst plane
+  const int64_t src_rows = transpose ? g.oh : g.h, src_cols = transpose ? g.ow : g.w;
+  const int64_t r0 = transpose ? g.reach_h() - g.ph : g.ph,  // where src's pixel (0, 0) lies
+      c0 = transpose ? g.reach_w() - g.pw : g.pw;
+  const Plane p{rows + g.reach_h(), cols + g.reach_w()};
+  const int64_t length = rows * p.pitch;
   zeroed(s.plane, p.size());
   s.full.resize(size_t(length + kLanes));
-  offsets(g, p.pitch, false, s.off);
+  offsets(g, p.pitch, transpose, s.off);
   for (int64_t b = 0; b < g.n; ++b)
     for (int64_t ci = 0; ci < g.c; ++ci) {
-      place(x + (b * g.c + ci) * g.h * g.w, g.h, g.w, s.plane.data(), p, g.ph, g.pw);
-      for (int64_t j = ci * g.m; j < (ci + 1) * g.m; ++j) {
-        f.correlate(s.plane.data(), s.off.data(), w + j * g.taps(), g.taps(), length, false,
-                  s.full.data());
-        take(s.full.data(), p.pitch, g.oh, g.ow, y + (b * g.c * g.m + j) * g.oh * g.ow);
-      }
-    }
-  s.trim();
-}
-
-// dx [N, C, H, W] = the transpose of forward in x at dy: dx[i] = sum over the taps t and the
-// multiplier's channels of w[t] * dy[i + pad - t * dilation], dy read as zero outside it: a
-// correlation of dy, zero-bordered by the taps' reach less the pads, with the flipped kernel.
-void dx(const Geometry& g, const Loops& f, const float* dy, const float* w, float* dx_out) {
-  Scratch& s = Scratch::get();
-  const Plane p{g.h + g.reach_h(), g.w + g.reach_w()};
-  const int64_t length = g.h * p.pitch;
-  zeroed(s.plane, p.size());
-  s.full.resize(size_t(length + kLanes));
-  offsets(g, p.pitch, true, s.off);
-  for (int64_t b = 0; b < g.n; ++b)
-    for (int64_t ci = 0; ci < g.c; ++ci) {
-      for (int64_t j = ci * g.m; j < (ci + 1) * g.m; ++j) {
-        place(dy + (b * g.c * g.m + j) * g.oh * g.ow, g.oh, g.ow, s.plane.data(), p,
-              g.reach_h() - g.ph, g.reach_w() - g.pw);
+      for (int64_t mi = 0; mi < g.m; ++mi) {
+        const int64_t j = ci * g.m + mi;  // the output channel
+        if (transpose || mi == 0)
+          place(src + (transpose ? b * g.c * g.m + j : b * g.c + ci) * src_rows * src_cols,
+                src_rows, src_cols, s.plane.data(), p, r0, c0);
         f.correlate(s.plane.data(), s.off.data(), w + j * g.taps(), g.taps(), length,
-                  j > ci * g.m, s.full.data());
+                    transpose && mi > 0, s.full.data());
+        if (!transpose)
+          take(s.full.data(), p.pitch, rows, cols, dst + (b * g.c * g.m + j) * rows * cols);
       }
-      take(s.full.data(), p.pitch, g.h, g.w, dx_out + (b * g.c + ci) * g.h * g.w);
+      if (transpose)
+        take(s.full.data(), p.pitch, rows, cols, dst + (b * g.c + ci) * rows * cols);
     }
   s.trim();
 }
@@ -352,9 +345,8 @@ ffi::Error convolve(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuff
     return ffi::Error::Success();
   }
   const Loops f = loops(isa);
-  if constexpr (kRole == Role::kForward) forward(g, f, pa, pb, po);
-  else if constexpr (kRole == Role::kDx) dx(g, f, pa, pb, po);
-  else dw(g, f, pa, pb, po);
+  if constexpr (kRole == Role::kDw) dw(g, f, pa, pb, po);
+  else correlation(g, f, kRole == Role::kDx, pa, pb, po);
   return ffi::Error::Success();
 }
 

@@ -173,6 +173,12 @@ z = lambda shape: jnp.zeros(shape, jnp.float32)  # (the tests run with x64 on)
                                       padding=((1, 1), (1, 1))), ValueError, "larger than"),
     (lambda: depthwise_cpu.forward_op(z(X), z(W), dilations=(1, 1),
                                       padding=((1, 1), (1, 1)), isa="sse"), ValueError, "isa"),
+    # pads from a hostile model: refused before any buffer is sized from them
+    (lambda: depthwise_cpu.forward_op(z(X), z(W), dilations=(1, 1),
+                                      padding=((1 << 16, 1 << 16), (1 << 16, 1 << 16))),
+     ValueError, "2\\*\\*31"),
+    (lambda: depthwise_cpu.forward_op(z(X), z(W), dilations=(1 << 40, 1),
+                                      padding=((1, 1), (1, 1))), ValueError, "larger than"),
     (lambda: depthwise_cpu.dx_op(z((2, 4, 5, 6)), z(W), x_shape=X[1:],
                                  dilations=(1, 1), padding=((1, 1), (1, 1))),
      ValueError, "dy must have shape"),

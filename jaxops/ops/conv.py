@@ -1,5 +1,6 @@
-"""Convolution gradients (com.microsoft ConvGrad, ConvTransposeGrad) as XLA code (no
-hand-written kernels), and conv_general, the convolution the importer's Conv uses too.
+"""Convolution gradients (com.microsoft ConvGrad, ConvTransposeGrad) as XLA code (on the CPU,
+depthwise ones through a C++ kernel), and conv_general, the convolution the importer's Conv
+uses too.
 
 ConvGrad(dY, X, W) and ConvTransposeGrad(dY, X, W) carry the forward op's attributes
 (auto_pad, dilations, group, kernel_shape, pads, strides; ConvTranspose adds output_padding
@@ -15,7 +16,9 @@ grouped one's dX there and a depthwise one's dW are written out (grouped_conv_dx
 depthwise_conv_dw), faster than jax's transposes, and so is a dense one's dW with >= 16
 input channels (dense_conv_dw: XLA:CPU's filter-gradient convolution is its slowest) or a
 strided one's with fewer (phase_conv's transpose). dB = sum of dY over batch and spatial
-dims. f16/bf16 convolve with f32 accumulation and are rounded once.
+dims. On the CPU, stride-1 2-D depthwise convolutions with traced weights (a training step's)
+and their dX and dW are a C++ kernel instead (depthwise_cpu). f16/bf16 convolve with f32
+accumulation and are rounded once.
 
 Being XLA code, both ops support jit, vmap, gradients of any order and sharding (a
 batch-sharded dY/X gives dW and dB by an all-reduce, never an all-gather) with no extra rules,
@@ -755,10 +758,11 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
             acc = rules.compute_dtype(dY.dtype)
             return grouped_conv_dx(dY.astype(acc), w.astype(acc), X.shape, attrs.strides,
                                    padding, attrs.dilations, attrs.group).astype(X.dtype)
-        forward.dx = dx
-        if depthwise:
-            forward.dx = lambda dY, w: depthwise_cpu.dx(dY, w, X.shape[1:], attrs.dilations,
-                                                        padding).astype(X.dtype)
+
+        def depthwise_dx(dY, w):  # on the CPU: see depthwise_cpu
+            return depthwise_cpu.dx(dY, w, X.shape[1:], attrs.dilations,
+                                    padding).astype(X.dtype)
+        forward.dx = depthwise_dx if depthwise else dx
     if _taps_dw(X, attrs, padding):
 
         def dw(dY, x):  # on the CPU: see dense_conv_dw
@@ -780,10 +784,11 @@ def _conv_forward(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
             acc = rules.compute_dtype(dY.dtype)
             return depthwise_conv_dw(dY.astype(acc), x.astype(acc), attrs.kernel, attrs.strides,
                                      padding, attrs.dilations).astype(W.dtype)
-        forward.dw = dw
-        if depthwise:
-            forward.dw = lambda dY, x: depthwise_cpu.dw(dY, x, attrs.kernel, attrs.dilations,
-                                                        padding).astype(W.dtype)
+
+        def depthwise_dw(dY, x):  # on the CPU: see depthwise_cpu
+            return depthwise_cpu.dw(dY, x, attrs.kernel, attrs.dilations,
+                                    padding).astype(W.dtype)
+        forward.dw = depthwise_dw if depthwise else dw
     return forward
 
 

@@ -4,9 +4,9 @@ transposes in x (dx) and in w (dw), one FFI call each.
 
 conv_general takes it for the depthwise convolutions that windowed_conv ran on the CPU with
 traced weights (a training step's forward, ConvGrad's dX and dW): XLA:CPU ran those as one slice
-thunk a tap (ConvNeXt's 7x7: 49) and a stack of them for dW. Not a public op: where it runs,
-conv_general gives it the derivatives of the form it replaces (conv_cpu.with_derivatives_of),
-and off the CPU it lowers as XLA's convolution.
+thunk a tap (ConvNeXt's 7x7: 49) and a stack of them for dW. Not a public op: conv_general and
+ConvGrad call it; its derivatives of any order are the three kernels again (each is the
+others' transpose), and off the CPU it lowers as XLA's convolution.
 """
 import functools
 import math
@@ -45,6 +45,11 @@ def _check(x, w, dilations, padding):
     if min(out) < 1:
         raise ValueError(f"the window ({w.shape[2:]}, dilations {dilations}) is larger than "
                          f"the padded input ({x.shape[2:]}, padding {padding})")
+    # the kernel's zero-bordered planes (as ffi/cpu/depthwise.cc's geometry() checks them)
+    reach = [(k - 1) * d for k, d in zip(w.shape[2:], dilations)]
+    rows, pitch = (max(o, i) + r + 1 for o, i, r in zip(out, x.shape[2:], reach))
+    if rows * pitch > 1 << 31:
+        raise ValueError(f"the padded planes ({rows} x {pitch}) must fit 2**31 elements")
     return (x.shape[0], w.shape[0], *out)
 
 

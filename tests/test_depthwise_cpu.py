@@ -255,3 +255,20 @@ def test_conv_grad_values_in_every_float(dtype):
         scale = float(jnp.max(jnp.abs(expected)))
         np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
                                    rtol=0, atol=max(4 * eps, 1e-5) * scale)
+
+
+@pytest.mark.parametrize("attrs, match", [
+    ({"dh": 1 << 40}, "scratch planes"),       # a reach that would size a vast scratch
+    ({"dh": 0}, ">= 1"),
+    ({"ph": -1}, ">= 0"),
+    ({"isa": 7}, "isa"),
+])
+def test_the_target_refuses_hostile_attributes(attrs, match):
+    # a registered FFI target is public: past the Python checks it refuses, never crashes
+    from jaxops._src.ffi import available_platforms
+    available_platforms()
+    call = jax.ffi.ffi_call("jaxops_depthwise_conv", jax.ShapeDtypeStruct(X, jnp.float32))
+    params = {"dh": 1, "dw": 1, "ph": 1, "pw": 1, "isa": 0, **attrs}
+    with pytest.raises(Exception, match=match):
+        jax.block_until_ready(jax.jit(lambda x, w: call(
+            x, w, **{k: np.int64(v) for k, v in params.items()}))(z(X), z(W)))

@@ -294,8 +294,8 @@ void dw(const Geometry& g, const Loops& f, const float* dy, const float* x, floa
 constexpr const char* kOp = "depthwise_conv";
 
 // The geometry of x [N, C, H, W], w [C * M, 1, KH, KW] and y [N, C * M, OH, OW] (in whichever
-// role each buffer has), or an error. Every size is a buffer's own; the attributes are checked
-// so that the scratch planes' sizes cannot wrap and stride 1 holds.
+// role each buffer has), or an error. Every size is a buffer's own; with the attributes they
+// bound the scratch, checked before anything is allocated.
 ffi::Error geometry(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                     ffi::Span<const int64_t> yd, int64_t dh, int64_t dw, int64_t ph,
                     int64_t pw, Geometry& g) {
@@ -308,11 +308,13 @@ ffi::Error geometry(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                         "not agree");
   g = Geometry{xd[0], xd[1], wd[0] / xd[1], xd[2], xd[3], wd[2], wd[3], yd[2], yd[3],
                dh,    dw,    ph,           pw};
-  // (stride 1: the end pads are whatever makes OH and OW, negative ones crops)
+  // (stride 1: the end pads are whatever makes OH and OW, negative ones crops.) The scratch:
+  // at most N * (M + 1) planes (dw's: every image's x plane and its M dy planes), each at most
+  // rows x pitch and a block
   const double rows = double(std::max(g.oh, g.h)) + double(g.kh - 1) * double(dh) + 1,
                pitch = double(std::max(g.ow, g.w)) + double(g.kw - 1) * double(dw);
-  if (rows * pitch + kLanes > double(int64_t(1) << 31))
-    return invalid(kOp, "the kernel's reach and the planes must fit 2**31 elements");
+  if (double(g.n) * double(g.m + 1) * (rows * pitch + kLanes) > double(int64_t(1) << 31))
+    return invalid(kOp, "the kernel's scratch planes must fit 2**31 elements");
   return ffi::Error::Success();
 }
 

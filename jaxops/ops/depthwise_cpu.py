@@ -45,11 +45,13 @@ def _check(x, w, dilations, padding):
     if min(out) < 1:
         raise ValueError(f"the window ({w.shape[2:]}, dilations {dilations}) is larger than "
                          f"the padded input ({x.shape[2:]}, padding {padding})")
-    # the kernel's zero-bordered planes (as ffi/cpu/depthwise.cc's geometry() checks them)
-    reach = [(k - 1) * d for k, d in zip(w.shape[2:], dilations)]
-    rows, pitch = (max(o, i) + r + 1 for o, i, r in zip(out, x.shape[2:], reach))
-    if rows * pitch > 1 << 31:
-        raise ValueError(f"the padded planes ({rows} x {pitch}) must fit 2**31 elements")
+    # the kernel's scratch, as ffi/cpu/depthwise.cc's geometry() bounds it: N * (M + 1)
+    # zero-bordered planes of rows x pitch and a block of 64
+    (rh, rw) = ((k - 1) * d for k, d in zip(w.shape[2:], dilations))
+    rows, pitch = max(out[0], x.shape[2]) + rh + 1, max(out[1], x.shape[3]) + rw
+    if x.shape[0] * (w.shape[0] // x.shape[1] + 1) * (rows * pitch + 64) > 1 << 31:
+        raise ValueError(f"the kernel's scratch ({x.shape[0]} x {w.shape[0] // x.shape[1] + 1} "
+                         f"planes of {rows} x {pitch}) must fit 2**31 elements")
     return (x.shape[0], w.shape[0], *out)
 
 

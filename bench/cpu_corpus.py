@@ -7,7 +7,9 @@ For each export of tests/data/corpus (tools/make_corpus.py's small configuration
 
   train    one training step as a migrated ORT script runs it: module(*inputs);
            optimizer.step(); module.lazy_reset_grad(). jaxops: jaxops.onnx.training's
-           Module/Optimizer (jitted, state donated), synced on the new state; ORT:
+           Module/Optimizer (jitted, state donated), synced on the loss (the optimizer
+           step goes with the next call's train step, one jitted program: in a loop each
+           call does one update and one train step, as ORT's calls do); ORT:
            onnxruntime-training's Module/Optimizer (the pybind layer: onnxruntime.training.api
            itself imports torch) on CPU. Only exports that ORT 1.19.2 can train.
   forward  the eval model (jaxops Module.eval() vs ORT's eval_step); for the exports ORT cannot
@@ -201,10 +203,10 @@ def _trained(name, threads, reps, ort):
     ort_opt.set_learning_rate(ref["lr"])
 
     def ours():
-        module(*inputs)
-        optimizer.step()
+        loss = module(*inputs)
+        optimizer.step()  # issued with the next call's train step (Optimizer.step)
         module.lazy_reset_grad()
-        state.block_until_ready()  # without unpacking the packed buffers
+        jax.block_until_ready(loss)  # as ORT's calls return: a loop's calls each do a step
 
     def theirs():
         out = ort.OrtValueVector()

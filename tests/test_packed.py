@@ -155,6 +155,75 @@ def test_ort_api_steps_equal_the_per_name_trainer(graph):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _steps_issued_alone(batches, lr_of=lambda i: LR):
+    """The ORT-API loop with each optimizer step issued on its own (a read of the state
+    after it): (losses, the final TrainState)."""
+    state, module, optimizer = _session()
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        optimizer.set_learning_rate(lr_of(i))
+        losses.append(float(module(x, y)))
+        optimizer.step()
+        state.block_until_ready()
+        assert state._pending is None
+        module.lazy_reset_grad()
+    return losses, state.train_state
+
+
+def test_optimizer_step_goes_with_the_next_train_call():
+    """optimizer.step() issues nothing; the next train call runs the update and the train
+    step as one jitted program. The results are those of steps issued alone; reads of the
+    state (a parameter, the LR scheduler's step count) see the step taken."""
+    from jaxops.onnx.training import LinearLRScheduler
+    state, module, optimizer = _session()
+    batches = _batches()
+    scheduler = LinearLRScheduler(optimizer, 1, 10, LR, ort_order=False)
+    rates, losses = [], []
+    for i, (x, y) in enumerate(batches):
+        rates.append(optimizer.get_learning_rate())
+        losses.append(float(module(x, y)))
+        optimizer.step()
+        assert state._pending is optimizer
+        scheduler.step()  # reads the count without issuing the step
+        assert state._pending is optimizer and int(state._step_count()) == i + 1
+        module.lazy_reset_grad()
+    assert [kind for kind, _ in optimizer._steps._fns] == ["update_train"]  # none alone
+    assert rates == [0.0, LR, LR * 8 / 9]
+    name = module.core.trained[0]
+    after = state.parameters[name].data  # issues the last step
+    assert state._pending is None and int(state.train_state.step) == len(batches)
+    their_losses, theirs = _steps_issued_alone(batches, rates.__getitem__)
+    np.testing.assert_allclose(losses, their_losses, rtol=2 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(after, theirs.params[name], rtol=1e-6, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(state.train_state.replace(step=None)),
+                    jax.tree.leaves(theirs.replace(step=None))):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_failed_train_call_keeps_the_pending_step():
+    """A train call that raises (bad inputs) leaves the optimizer step pending: nothing is
+    lost or applied twice."""
+    state, module, optimizer = _session()
+    batches = _batches()
+    (x, y), rest = batches[0], batches[1:]
+    module(x, y)
+    optimizer.step()
+    module.lazy_reset_grad()
+    with pytest.raises((TypeError, ValueError)):
+        module(x[:, :-1], y)
+    assert state._pending is optimizer
+    for x, y in rest:
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    _, theirs = _steps_issued_alone(batches)
+    ours = state.train_state
+    assert int(ours.step) == int(theirs.step) == len(batches)
+    for a, b in zip(jax.tree.leaves(ours.replace(step=None)),
+                    jax.tree.leaves(theirs.replace(step=None))):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_packed_update_is_the_per_name_update_bit_for_bit():
     """ORT's AdamW node over the flat buffers: the same bits as over each tensor."""
     state = TrainState.from_checkpoint(C.load(MLP / "checkpoint"))
@@ -278,8 +347,10 @@ def test_optimizer_hands_back_its_device_step_count():
         module(x, y)
         optimizer.step()
         module.lazy_reset_grad()
+    assert state._pending is optimizer and int(state._step_count()) == 2  # not issued yet
+    state.block_until_ready()
     host, device = optimizer._count
-    assert state._packed.step is host and int(host) == 2
+    assert state._pending is None and state._packed.step is host and int(host) == 2
     assert isinstance(device, jax.Array) and int(device) == 2
     # a step count written from outside (a resumed schedule) is the one used: the same
     # state in a fresh session takes the same step
@@ -314,13 +385,18 @@ def test_learning_rate_changes_reach_the_update():
     at the same rates give the same state)."""
     state, module, optimizer = _session()
     lrs = [LR, LR, LR / 4, 0.0]
-    for (x, y), lr in zip(_batches() + _batches()[:1], lrs):
+    for i, ((x, y), lr) in enumerate(zip(_batches() + _batches()[:1], lrs)):
         optimizer.set_learning_rate(lr)
-        module(x, y)
+        module(x, y)  # issues the previous step's update, at the rate it was given at
+        if i:
+            rate, on_device = optimizer._lr_on_device
+            assert rate == lrs[i - 1] and isinstance(on_device, jax.Array)
+            assert on_device == np.float32(lrs[i - 1])
         optimizer.step()
         module.lazy_reset_grad()
-        rate, on_device = optimizer._lr_on_device
-        assert rate == lr and isinstance(on_device, jax.Array) and on_device == np.float32(lr)
+    optimizer.set_learning_rate(1.0)  # after the last step: not its rate
+    state.block_until_ready()
+    assert optimizer._lr_on_device[0] == lrs[-1]
     ts = TrainState.from_checkpoint(C.load(MLP / "checkpoint"))
     model = TrainingModel(MLP / "training_model.onnx", ts)
     opt = OptimizerModel(MLP / "optimizer_model.onnx", model)

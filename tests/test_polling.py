@@ -150,6 +150,9 @@ def test_polling_jit_remakes_its_function_for_the_first_calls_arguments():
 
 @pytest.mark.skipif(not CPU, reason="polling is for CPU programs")
 def test_module_eval_and_optimizer_step_poll_train_step_does_not_wait(patient):
+    """A train step alone is not waited for (an optimizer step follows it); the optimizer
+    step issued with the next train step, or alone before an eval call, and the eval call are
+    (each polls where small, as ORT's calls return when done)."""
     d = DATA / "mlp"
     data = np.load(d / "data.npz")
     x, y = data["inputs"][0], data["labels"][0]
@@ -159,13 +162,20 @@ def test_module_eval_and_optimizer_step_poll_train_step_does_not_wait(patient):
     module(x, y)  # the train step: decided, not waited for
     assert list(module._steps._polls.values()) == [MULTICORE]
     assert module._queued_small is MULTICORE
-    optimizer.step()
+    optimizer.step()  # waits for the next train call
+    assert optimizer._steps._polls == {} and state._pending is optimizer
+    module.lazy_reset_grad()
+    loss = module(x, y)  # the update and the train step in one program
+    assert state._pending is None
     assert list(optimizer._steps._polls.values()) == [MULTICORE]
-    assert module._queued_small
     if MULTICORE:
-        assert all(b.is_ready() for b in state._packed_state(module._trained).trained.values())
+        assert loss.is_ready()
+        assert all(b.is_ready() for b in state._packed.trained.values())
+    optimizer.step()
     module.eval()
-    out = module(*[x, y][:len(module.input_names())])
+    out = module(*[x, y][:len(module.input_names())])  # the update alone, then eval
+    assert list(optimizer._steps._polls.values()) == [MULTICORE, MULTICORE]
+    assert module._queued_small
     assert list(module._steps._polls.values()) == [MULTICORE, MULTICORE]
     if MULTICORE:
         assert all(o.is_ready() for o in jax.tree_util.tree_leaves(out))

@@ -17,8 +17,9 @@ The artifacts are those `onnxruntime.training.artifacts.generate_artifacts` writ
 them with in-place updates: InPlaceAccumulatorV2 adds each gradient into a buffer that is not
 a graph output, AdamWOptimizer/SGDOptimizerV2 overwrite the weights and moments they are fed.
 Here those updates are returned values instead (`Program.run_with_updates`), and each train
-step and each optimizer step is one jit-compiled function whose old buffers are donated, so
-the update happens in place on the device.
+step is one jit-compiled function whose old buffers are donated, so the update happens in
+place on the device; an optimizer step goes into the next train call's function (or runs on
+its own when anything reads the state first), so that a step of the loop is one dispatch.
 
 Models ORT cannot differentiate (HardSwish, Softplus, a trainable Pow exponent, ...) train
 from their forward graph: `jaxops.onnx.artifacts.generate_artifacts` writes the same four
@@ -144,6 +145,7 @@ class CheckpointState:
 
     @property
     def train_state(self) -> TrainState:
+        self._issue_pending()
         if self._state is None:
             self._state = _unpack(self._packed.replace(step=None)).replace(
                 step=self._packed.step)
@@ -151,10 +153,12 @@ class CheckpointState:
 
     @train_state.setter
     def train_state(self, state: TrainState) -> None:
+        self._issue_pending()
         self._state, self._packed = state, None
 
     def _packed_state(self, trained: tuple[str, ...]) -> PackedState:
         """The state packed with `trained` (a training model's) as the main layout."""
+        self._issue_pending()
         if self._packed is None or self._packed.trained_names != trained:
             ts = self.train_state
             self._packed = _pack(ts.replace(step=None), trained).replace(step=ts.step)
@@ -163,12 +167,26 @@ class CheckpointState:
     def _set_packed(self, packed: PackedState) -> None:
         self._packed, self._state = packed, None
 
+    def _issue_pending(self) -> None:
+        """Runs the optimizer step that waits for the next train call (Optimizer.step), for
+        anything that reads or replaces the state in between."""
+        if self._pending is not None:
+            self._pending._issue()
+
+    def _step_count(self):
+        """The optimizer steps taken, a pending one included, without running it (the LR
+        scheduler reads this between optimizer.step() and the next train call)."""
+        return (self._state if self._packed is None else self._packed).step
+
     def block_until_ready(self) -> CheckpointState:
-        """Waits for the steps that write this state (for timing a loop of steps)."""
+        """Runs a pending optimizer step and waits for the steps that write this state (for
+        timing a loop of steps)."""
+        self._issue_pending()
         jax.block_until_ready(self._packed if self._state is None else self._state)
         return self
 
     def __init__(self, checkpoint: ckpt_format.Checkpoint):
+        self._pending = None  # an Optimizer whose step is not issued yet (Optimizer.step)
         self.train_state = TrainState.from_checkpoint(checkpoint)
         group = checkpoint.optimizer.get(GROUP, ckpt_format.OptimizerGroup())
         self.initial_learning_rate = float(group.initial_learning_rate)
@@ -398,24 +416,29 @@ class Module:
         (PackedState.static). The eval step takes only the parameters' buffers."""
         core = self.core
         if kind == "train":
-            def train_step(trained, grads, rest, inputs, reset):
-                packed = PackedState.from_buffers(static, trained=trained, grads=grads,
-                                                  rest=rest)
-                # the step's own gradients (reset: the graph's accumulators pass them on),
-                # added to the old ones in the flat buffers: a copy and one loop a dtype.
-                # Adding each parameter's was a thunk (bert_ts: 21), all ready at once at the
-                # step's end, which XLA:CPU's executor split with its pool thread: a context
-                # switch a step on one core (docs/performance.md, seventeenth session)
-                outs, new = core.train_step(packed.unpack(self._taken["train"]), inputs, True)
-                fresh = packed.layout.pack(new.grads)
-                return outs, {key: jnp.where(reset, g, grads[key] + g)
-                              for key, g in fresh.items()}
-            return self._jit(train_step, args, donate_argnums=1)
+            return self._jit(self._train_fn(static), args, donate_argnums=1)
 
         def eval_step(trained, rest, inputs):
             packed = PackedState.from_buffers(static, trained=trained, rest=rest)
             return core.eval_step(packed.unpack(self._taken["eval"]), inputs)
         return self._jit(eval_step, args)
+
+    def _train_fn(self, static):
+        """The train step on the buffers of the packed layouts `static`: (outputs, the new
+        gradient buffers)."""
+        core, taken = self.core, self._taken["train"]
+
+        def train_step(trained, grads, rest, inputs, reset):
+            packed = PackedState.from_buffers(static, trained=trained, grads=grads, rest=rest)
+            # the step's own gradients (reset: the graph's accumulators pass them on), added
+            # to the old ones in the flat buffers: a copy and one loop a dtype. Adding each
+            # parameter's was a thunk (bert_ts: 21), all ready at once at the step's end,
+            # which XLA:CPU's executor split with its pool thread: a context switch a step on
+            # one core (docs/performance.md, seventeenth session)
+            outs, new = core.train_step(packed.unpack(taken), inputs, True)
+            fresh = packed.layout.pack(new.grads)
+            return outs, {key: jnp.where(reset, g, grads[key] + g) for key, g in fresh.items()}
+        return train_step
 
     def __call__(self, *user_inputs):
         """One step: in train mode forward + backward (gradients accumulate); in eval mode the
@@ -427,6 +450,11 @@ class Module:
                             f"got {len(user_inputs)}")
         # jit takes numpy and jax arrays as they are (jnp.asarray would cost a dispatch each)
         inputs = [x if isinstance(x, jax.Array) else np.asarray(x) for x in user_inputs]
+        pending = self.state._pending
+        if training and pending is not None and pending.module is self:
+            outs = pending._issue(inputs, self._flags[self._reset])  # (still pending if it raises)
+            self._reset = False
+            return outs[0] if len(outs) == 1 else outs
         packed = self.state._packed_state(self._trained)
         if self._may_move and self._move_if_small(
                 "train" if training else "eval", packed,
@@ -523,12 +551,13 @@ class Optimizer:
         self._count = (None, None)  # (the host step count, the same count on the device)
         self._lr_on_device = (None, None)  # (a learning rate, it on the device)
 
-    def _make_update(self, kind, static, args):  # noqa: ARG002 (no matmuls for jit_options)
+    def _make_update(self, kind, static, args):
         """The jitted update of the packed state's buffers (see Module._make_step), all
         donated: it passes grads and rest through, which jit copies unless they are donated.
         It returns the new step count and the learning rate on the device too: handed to
         the next update, they save it a device_put of each (6.6 us for the rate alone,
-        gpt2_dynamo on one core)."""
+        gpt2_dynamo on one core). Kind "update_train": the update, then the module's train
+        step on the new parameters, in one program (Optimizer.step)."""
         core = self.core
 
         def update(trained, grads, moments, other_moments, rest, step, lr):
@@ -538,27 +567,56 @@ class Optimizer:
             new = core.update_packed(packed, lr)
             return (new.trained, new.grads, new.moments, new.other_moments, new.rest, new.step,
                     lr)
-        return jax.jit(update, donate_argnums=(0, 1, 2, 3, 4),
-                       **jit_options(self.module._device))
+        donated = (0, 1, 2, 3, 4)
+        if kind == "update":
+            return jax.jit(update, donate_argnums=donated, **jit_options(self.module._device))
+        train = self.module._train_fn(static)
+
+        def update_train(trained, grads, moments, other_moments, rest, step, lr, inputs, reset):
+            new = update(trained, grads, moments, other_moments, rest, step, lr)
+            outs, grads = train(new[0], new[1], new[4], inputs, reset)
+            return outs, (new[0], grads, *new[2:])
+        return self.module._jit(update_train, args, donate_argnums=donated)
 
     def step(self) -> None:
-        """One update of every trainable parameter from its accumulated gradient."""
-        state = self.module.state
+        """One update of every trainable parameter from its accumulated gradient.
+
+        The update is issued with the module's next train call, as one jitted program with
+        it (one dispatch a step, not two: llama_ts's, bert_dynamo's and vit_ts's whole steps
+        on one core took 383, 450 and 437 us instead of 422, 484 and 467, 2026-12-02), or on
+        its own before anything else reads or replaces the state (a parameter, the eval
+        model, a checkpoint, block_until_ready): the values are those of issuing it here."""
+        module, state = self.module, self.module.state
         # (a step before the module's first call: the module stays where the moments are)
-        self.module._may_move = False
-        p = state._packed_state(self.module._trained)
+        module._may_move = False
+        p = state._packed_state(module._trained)  # (issues an earlier step not issued yet)
         host, device = self._count
         step = device if p.step is host else p.step  # `is`: the count this class set
         rate, device_lr = self._lr_on_device
         lr = device_lr if rate == self._lr else np.float32(self._lr)
-        (trained, grads, moments, other, rest, device, device_lr), _ = self._steps.call(
-            "update", p, p.trained, p.grads, p.moments, p.other_moments, p.rest, step, lr,
-            wait=self.module._queued_small)  # not while a big train step runs before it
-        self.module._queued_small = True
-        host = np.int64(p.step) + 1  # the count stays on the host (CheckpointState)
-        self._count, self._lr_on_device = (host, device), (self._lr, device_lr)
+        self._args = (step, lr, self._lr)
+        # the count stays on the host (CheckpointState), and counts this step at once
+        state._set_packed(p.replace(step=np.int64(p.step) + 1))
+        state._pending = self
+
+    def _issue(self, inputs=None, reset=None):
+        """Issues the pending step (`step`): alone, or with the module's train step on
+        `inputs` (returning its outputs)."""
+        module, state = self.module, self.module.state
+        p, (step, lr, rate) = state._packed, self._args
+        args = (p.trained, p.grads, p.moments, p.other_moments, p.rest, step, lr)
+        if inputs is None:
+            new, _ = self._steps.call("update", p, *args, wait=module._queued_small)
+            module._queued_small = True  # (not waited for while a big train step runs)
+        else:
+            (outs, new), module._queued_small = self._steps.call(
+                "update_train", p, *args, inputs, reset)
+        trained, grads, moments, other, rest, device, device_lr = new
+        self._count, self._lr_on_device = (p.step, device), (rate, device_lr)
         state._set_packed(p.replace(trained=trained, grads=grads, moments=moments,
-                                    other_moments=other, rest=rest, step=host))
+                                    other_moments=other, rest=rest))
+        state._pending = None
+        return None if inputs is None else outs
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self._lr = float(learning_rate)
@@ -595,7 +653,7 @@ class LinearLRScheduler:
 
     def step(self) -> None:
         """Sets the learning rate for the optimizer's next step."""
-        step = int(self._optimizer.module.state.train_state.step)
+        step = int(self._optimizer.module.state._step_count())
         self._optimizer.set_learning_rate(self._initial * self._factor(step))
 
 

@@ -35,6 +35,22 @@ def padding(auto_pad, spatial, kernel, strides, dilations, pads):
     return [(pads[i], pads[i + n]) for i in range(n)]
 
 
+def padded_sizes(spatial, padding, lhs_dilation=None):
+    """Each spatial size after input (lhs) dilation and padding."""
+    lhs_dilation = lhs_dilation or (1,) * len(spatial)
+    return [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi) in zip(spatial, lhs_dilation, padding)]
+
+
+def out_sizes(padded, kernel, strides, dilations):
+    """How many windows of the dilated kernel fit each padded size at `strides` (< 1: none)."""
+    return [(p - (k - 1) * d - 1) // s + 1 for p, k, s, d in zip(padded, kernel, strides, dilations)]
+
+
+def conv_out_sizes(spatial, kernel, strides, dilations, padding, lhs_dilation=None):
+    """A convolution's output size per spatial dim."""
+    return out_sizes(padded_sizes(spatial, padding, lhs_dilation), kernel, strides, dilations)
+
+
 def pool_output_size(size, window, stride, pad_begin, pad_end, ceil_mode):
     """How many windows a pooling makes along one dim. With ceil_mode the last, partial window
     counts only if it starts inside the input or its begin pad (as ONNX's reference and ORT)."""

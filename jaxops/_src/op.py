@@ -276,3 +276,8 @@ def is_zero(t) -> bool:
 def is_undefined(x) -> bool:
     """True for the linear operand a transpose rule solves for."""
     return ad.is_undefined_primal(x)
+
+
+def shape_of(x) -> tuple[int, ...]:
+    """The shape of a transpose rule's operand, solved for (is_undefined) or not."""
+    return tuple(x.aval.shape if is_undefined(x) else x.shape)

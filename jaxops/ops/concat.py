@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops._src import rules
-from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero
+from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero, shape_of
 from jaxops._src.spec import REQUIRED, Matrix, define
 from jaxops.reference import concat as ref
 
@@ -99,10 +99,6 @@ def _split_factors(x, *, sizes, axis):
     return Factors((_dims(x.ndim, axis, "whole"),), results, ("whole",) + tuple(names))
 
 
-def _shape_of(x):
-    return x.aval.shape if is_undefined(x) else x.shape
-
-
 def _float0_like(x):
     return np.zeros(x.shape, jax.dtypes.float0)
 
@@ -125,7 +121,7 @@ def _concat_transpose(op, ct, *xs, axis):
     if is_zero(ct):
         return [None] * len(xs)
     axis %= ct.ndim
-    sizes = tuple(_shape_of(x)[axis] for x in xs)
+    sizes = tuple(shape_of(x)[axis] for x in xs)
     pieces = _SPLIT.bind(ct, sizes=sizes, axis=axis)
     return [p if is_undefined(x) else None for p, x in zip(pieces, xs)]
 
@@ -148,7 +144,7 @@ def _split_jvp(op, primals, tangents, *, sizes, axis):
 def _split_transpose(op, cts, x, *, sizes, axis):
     if all(is_zero(c) for c in cts):
         return [None]
-    shape = _shape_of(x)
+    shape = shape_of(x)
     axis %= len(shape)
     dtype = next(c.dtype for c in cts if not is_zero(c))
     cts = [jnp.zeros(shape[:axis] + (s,) + shape[axis + 1:], dtype) if is_zero(c) else c

@@ -127,7 +127,7 @@ def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, p
     xp = lax.pad(x, jnp.zeros((), acc),
                  [(0, 0, 0)] * 2 + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)])
     kernel = w.shape[2:]
-    out = _out_sizes(xp.shape[2:], kernel, strides, dilations)
+    out = geometry.out_sizes(xp.shape[2:], kernel, strides, dilations)
     n_batch, c_out = x.shape[0], w.shape[0]
     c_group, o_group = x.shape[1] // group, c_out // group
     taps = math.prod(kernel)
@@ -198,8 +198,7 @@ def _channels_last(x, w, strides, padding, dilations, group, lhs_dilation, preci
     x, w = x.astype(acc), w.astype(acc)
     lhs_dilation = tuple(lhs_dilation or (1,) * n)
     kernel = w.shape[2:]
-    out = _out_sizes(_padded_sizes(x.shape[2:], padding, lhs_dilation), kernel, strides,
-                     dilations)
+    out = geometry.conv_out_sizes(x.shape[2:], kernel, strides, dilations, padding, lhs_dilation)
     n_batch, c_out = x.shape[0], w.shape[0]
     c_group, o_group, taps = x.shape[1] // group, c_out // group, math.prod(kernel)
     w = w.reshape(c_out, c_group, taps)
@@ -314,7 +313,7 @@ def grouped_conv_dx(dy, w, x_shape, strides, padding, dilations, group, lhs_dila
     n_batch, c_out = dy.shape[:2]
     c_in, kernel, out = x_shape[1], w.shape[2:], dy.shape[2:]
     lhs_dilation = tuple(lhs_dilation or (1,) * n)
-    padded = _padded_sizes(x_shape[2:], padding, lhs_dilation)
+    padded = geometry.padded_sizes(x_shape[2:], padding, lhs_dilation)
     phase = [-(-p // s) for p, s in zip(padded, strides)]  # pixels a phase, per dim
     # each dim's taps by phase: (tap, its shift in dy) = (k, (k * dilation - phase) / stride)
     taps = [[[(k, (k * d - r) // s) for k in range(ks) if (k * d - r) % s == 0]
@@ -430,7 +429,7 @@ def phase_conv(x, w, strides, padding):
     n_batch, c_in = x.shape[:2]
     kernel = w.shape[2:]
     taps = [-(-k // s) for k, s in zip(kernel, strides)]
-    out = _out_sizes(_padded_sizes(x.shape[2:], padding), kernel, strides, (1,) * n)
+    out = geometry.conv_out_sizes(x.shape[2:], kernel, strides, (1,) * n, padding)
     # each phase as long as the last output's taps reach (at least the padded input)
     phase = [max(-(-(i + lo + hi) // s), o - 1 + t)
              for i, (lo, hi), s, o, t in zip(x.shape[2:], padding, strides, out, taps)]
@@ -469,16 +468,6 @@ def _materialized(y):
     """y, computed into a buffer of its own (lax.optimization_barrier) where jax can
     differentiate that."""
     return lax.optimization_barrier(y) if _barrier_differentiates() else y
-
-
-def _padded_sizes(spatial, padding, lhs_dilation=None):
-    """Each spatial size after lhs (input) dilation and padding."""
-    lhs_dilation = lhs_dilation or (1,) * len(spatial)
-    return [(i - 1) * d + 1 + lo + hi for i, d, (lo, hi) in zip(spatial, lhs_dilation, padding)]
-
-
-def _out_sizes(padded, kernel, strides, dilations):
-    return [(p - (k - 1) * d - 1) // s + 1 for p, k, s, d in zip(padded, kernel, strides, dilations)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -540,8 +529,8 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     def xla(x, w, *ops):
         return after(raw(x, w), *ops)
 
-    out = _out_sizes(_padded_sizes(x.shape[2:], padding, lhs_dilation), w.shape[2:], strides,
-                     dilations)
+    out = geometry.conv_out_sizes(x.shape[2:], w.shape[2:], strides, dilations, padding,
+                                  lhs_dilation)
     if min(out) < 1:
         return xla(x, w, *ops)
     live = _live_taps(x.shape[2:], w.shape[2:], strides, padding, dilations, out,
@@ -638,8 +627,8 @@ def _small_patches(x, kernel, padding, dilations, strides):
     interleaved, 2026-11-29). 2-D ones stay XLA's there: ResNet's 3x3s on 4x4 to 32x32 maps
     took 0.96-0.97x the step's time but moved its 5-step losses 4.1e-5 off ORT's on jax 0.8
     (from 3.7e-7; ORT's own are 4e-5 off float64's: f32 rounding compounding)."""
-    pixels = x.shape[0] * math.prod(_out_sizes(_padded_sizes(x.shape[2:], padding), kernel,
-                                               strides, dilations))
+    pixels = x.shape[0] * math.prod(geometry.conv_out_sizes(x.shape[2:], kernel, strides,
+                                                            dilations, padding))
     return x.shape[1] >= 8 and pixels * x.shape[1] * math.prod(kernel) <= 1 << 17
 
 

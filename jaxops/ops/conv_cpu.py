@@ -18,17 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxops._src.op import Factors, Op
+from jaxops._src import geometry
+from jaxops._src.op import Factors, Op, batch_at_front
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
 # The kernel's tile code (conv.h's Isa): a name or 0 -> the attribute's value.
 ISAS = {0: 0, "best": 0, "generic": 1, "avx2": 2, "avx512": 3}
-
-
-def _out(x, w, strides, dilations, padding):
-    return tuple((size + lo + hi - (k - 1) * d - 1) // s + 1
-                 for size, k, s, d, (lo, hi) in zip(x.shape[1:3], w.shape[:2], strides,
-                                                    dilations, padding))
 
 
 def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
@@ -53,7 +48,7 @@ def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=
     if min(*strides, *dilations) < 1 or min(p for pair in padding for p in pair) < 0:
         raise ValueError(f"strides {strides} and dilations {dilations} must be >= 1 and "
                          f"padding {padding} >= 0")
-    out = _out(x, w, strides, dilations, padding)
+    out = geometry.conv_out_sizes(x.shape[1:3], w.shape[:2], strides, dilations, padding)
     if min(out) < 1:
         raise ValueError(f"the window ({w.shape[:2]}, dilations {dilations}) is larger than "
                          f"the padded input ({x.shape[1:3]}, padding {padding})")
@@ -85,10 +80,7 @@ def _batch(op, args, dims, **params):
         x = jnp.moveaxis(x, dx, 0)
         y = op.bind(x.reshape(-1, *x.shape[2:]), *args[1:], **params)
         return y.reshape(*x.shape[:2], *y.shape[1:]), 0
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    moved = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
-             for a, d in zip(args, dims)]
-    return lax.map(lambda ops: op.bind(*ops, **params), tuple(moved)), 0
+    return lax.map(lambda ops: op.bind(*ops, **params), tuple(batch_at_front(args, dims))), 0
 
 
 def _ffi_attrs(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxops._src.op import Factors, Op, is_undefined, is_zero
+from jaxops._src import geometry
+from jaxops._src.op import Factors, Op, batch_at_front, is_undefined, is_zero, shape_of
 
 _DIMS = ("NCHW", "OIHW", "NCHW")
 # The kernel's loop code: a name or 0 -> the attribute's value (avx512 runs the AVX2 code).
@@ -24,8 +25,7 @@ ISAS = {0: 0, "best": 0, "generic": 1, "avx2": 2, "avx512": 3}
 
 
 def _out(spatial, kernel, dilations, padding):
-    return tuple(size + lo + hi - (k - 1) * d
-                 for size, k, d, (lo, hi) in zip(spatial, kernel, dilations, padding))
+    return tuple(geometry.conv_out_sizes(spatial, kernel, (1, 1), dilations, padding))
 
 
 def _check(x, w, dilations, padding):
@@ -128,10 +128,7 @@ def _batch(op, args, dims, **params):
         a = jnp.moveaxis(a, da, 0)
         y = op.bind(a.reshape(-1, *a.shape[2:]), args[1], **params)
         return y.reshape(*a.shape[:2], *y.shape[1:]), 0
-    size = next(v.shape[d] for v, d in zip(args, dims) if d is not None)
-    moved = [jnp.broadcast_to(v, (size, *v.shape)) if d is None else jnp.moveaxis(v, d, 0)
-             for v, d in zip(args, dims)]
-    return lax.map(lambda ops: op.bind(*ops, **params), tuple(moved)), 0
+    return lax.map(lambda ops: op.bind(*ops, **params), tuple(batch_at_front(args, dims))), 0
 
 
 def _ffi_attrs(*_, dilations, padding, isa=0, **__):
@@ -151,32 +148,32 @@ def _jvp(op, primals, tangents, **params):
     return out, (functools.reduce(jnp.add, terms) if terms else jnp.zeros_like(out))
 
 
-def _shape(a):
-    return a.aval.shape if is_undefined(a) else a.shape
+def _linear(rule):
+    """A transpose rule of the family: nothing for a zero cotangent; else `rule(ct, a, b,
+    p)` with p the three kernels' shared params (dilations, padding, isa)."""
+    def transpose(op, ct, a, b, *, dilations, padding, isa=0, **_):
+        if is_zero(ct):
+            return None, None
+        return rule(ct, a, b, {"dilations": dilations, "padding": padding, "isa": isa})
+    return transpose
 
 
-def _forward_transpose(op, ct, x, w, *, dilations, padding, isa=0):
-    if is_zero(ct):
-        return None, None
-    p = {"dilations": dilations, "padding": padding, "isa": isa}
-    return (dx_op.bind(ct, w, x_shape=tuple(_shape(x)[1:]), **p) if is_undefined(x) else None,
-            dw_op.bind(ct, x, kernel=tuple(_shape(w)[2:]), **p) if is_undefined(w) else None)
+@_linear
+def _forward_transpose(ct, x, w, p):
+    return (dx_op.bind(ct, w, x_shape=shape_of(x)[1:], **p) if is_undefined(x) else None,
+            dw_op.bind(ct, x, kernel=shape_of(w)[2:], **p) if is_undefined(w) else None)
 
 
-def _dx_transpose(op, ct, dy, w, *, x_shape, dilations, padding, isa=0):
-    if is_zero(ct):
-        return None, None
-    p = {"dilations": dilations, "padding": padding, "isa": isa}
+@_linear
+def _dx_transpose(ct, dy, w, p):
     return (forward_op.bind(ct, w, **p) if is_undefined(dy) else None,
-            dw_op.bind(dy, ct, kernel=tuple(_shape(w)[2:]), **p) if is_undefined(w) else None)
+            dw_op.bind(dy, ct, kernel=shape_of(w)[2:], **p) if is_undefined(w) else None)
 
 
-def _dw_transpose(op, ct, dy, x, *, kernel, dilations, padding, isa=0):
-    if is_zero(ct):
-        return None, None
-    p = {"dilations": dilations, "padding": padding, "isa": isa}
+@_linear
+def _dw_transpose(ct, dy, x, p):
     return (forward_op.bind(x, ct, **p) if is_undefined(dy) else None,
-            dx_op.bind(dy, ct, x_shape=tuple(_shape(x)[1:]), **p) if is_undefined(x) else None)
+            dx_op.bind(dy, ct, x_shape=shape_of(x)[1:], **p) if is_undefined(x) else None)
 
 
 # images shard; the planes, channels and the window stay whole (the factors in the order they
@@ -210,31 +207,31 @@ def _params(dilations, padding, isa):
             "padding": tuple((int(lo), int(hi)) for lo, hi in padding), "isa": isa}
 
 
+def _in_f32(op, a, b, dilations, padding, isa, **params):
+    """op on a and b in float32, returned in a's dtype (f16/bf16 computed in f32, rounded
+    once)."""
+    out = op(a.astype(jnp.float32), b.astype(jnp.float32), **params,
+             **_params(dilations, padding, isa))
+    return out.astype(a.dtype)
+
+
 def forward(x, w, dilations, padding, isa=0):
     """y [N, C * M, OH, OW] = the depthwise convolution of x [N, C, H, W] by w [C * M, 1, KH,
-    KW], stride 1, in x's dtype (f16/bf16 computed in f32, rounded once). `isa` picks the
-    kernel's loop code (ISAS; 0: the best the CPU has): the tests run each."""
-    dtype = x.dtype
-    y = forward_op(x.astype(jnp.float32), w.astype(jnp.float32),
-                   **_params(dilations, padding, isa))
-    return y.astype(dtype)
+    KW], stride 1, in x's dtype. `isa` picks the kernel's loop code (ISAS; 0: the best the CPU
+    has): the tests run each."""
+    return _in_f32(forward_op, x, w, dilations, padding, isa)
 
 
 def dx(dy, w, x_shape, dilations, padding, isa=0):
     """The transpose of forward in x at dy [N, C * M, OH, OW]: dx [N, *x_shape] (x_shape: C,
     H, W)."""
-    dtype = dy.dtype
-    out = dx_op(dy.astype(jnp.float32), w.astype(jnp.float32),
-                x_shape=tuple(int(d) for d in x_shape), **_params(dilations, padding, isa))
-    return out.astype(dtype)
+    return _in_f32(dx_op, dy, w, dilations, padding, isa,
+                   x_shape=tuple(int(d) for d in x_shape))
 
 
 def dw(dy, x, kernel, dilations, padding, isa=0):
     """The transpose of forward in w at dy [N, C * M, OH, OW]: dw [C * M, 1, *kernel]."""
-    dtype = dy.dtype
-    out = dw_op(dy.astype(jnp.float32), x.astype(jnp.float32), kernel=tuple(kernel),
-                **_params(dilations, padding, isa))
-    return out.astype(dtype)
+    return _in_f32(dw_op, dy, x, dilations, padding, isa, kernel=tuple(int(k) for k in kernel))
 
 
 # The largest convolution the kernel takes (FLOPs): it runs on the calling thread; the corpus's

@@ -38,6 +38,13 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(np.asarray(x, np.float64), np.asarray(y, np.float64))
 
 
+def _assert_close(ours, theirs, **tolerances):
+    """Two TrainStates' arrays (the step counts left out) equal within `tolerances`."""
+    for a, b in zip(jax.tree.leaves(ours.replace(step=None)),
+                    jax.tree.leaves(theirs.replace(step=None))):
+        np.testing.assert_allclose(a, b, **tolerances)
+
+
 def test_layout_groups_by_dtype_in_order():
     state, trained = _state()
     layout = Layout.of({n: state.params[n] for n in trained})
@@ -150,9 +157,7 @@ def test_ort_api_steps_equal_the_per_name_trainer(graph):
     ours = state.train_state
     assert int(ours.step) == int(theirs.step) == 3
     assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-    for a, b in zip(jax.tree.leaves(ours.replace(step=None)),
-                    jax.tree.leaves(theirs.replace(step=None))):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 def _steps_issued_alone(batches, lr_of=lambda i: LR):
@@ -195,9 +200,7 @@ def test_optimizer_step_goes_with_the_next_train_call():
     their_losses, theirs = _steps_issued_alone(batches, rates.__getitem__)
     np.testing.assert_allclose(losses, their_losses, rtol=2 * np.finfo(np.float32).eps)
     np.testing.assert_allclose(after, theirs.params[name], rtol=1e-6, atol=1e-7)
-    for a, b in zip(jax.tree.leaves(state.train_state.replace(step=None)),
-                    jax.tree.leaves(theirs.replace(step=None))):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    _assert_close(state.train_state, theirs, rtol=1e-6, atol=1e-7)
 
 
 def test_a_failed_train_call_keeps_the_pending_step():
@@ -219,9 +222,29 @@ def test_a_failed_train_call_keeps_the_pending_step():
     _, theirs = _steps_issued_alone(batches)
     ours = state.train_state
     assert int(ours.step) == int(theirs.step) == len(batches)
-    for a, b in zip(jax.tree.leaves(ours.replace(step=None)),
-                    jax.tree.leaves(theirs.replace(step=None))):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    _assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_a_state_assigned_after_a_step_replaces_it():
+    """A train_state assigned between optimizer.step() and the next train call replaces what
+    the step would have made: the step is dropped, not run, and training goes on from the
+    assigned state as a fresh session's does."""
+    state, module, optimizer = _session()
+    (x, y), rest = _batches()[0], _batches()[1:]
+    written = state.train_state
+    module(x, y)
+    optimizer.step()
+    state.train_state = written
+    assert state._pending is None and optimizer._steps._fns == {}
+    other, module2, optimizer2 = _session()
+    other.train_state = written
+    for m, o in ((module, optimizer), (module2, optimizer2)):
+        m.lazy_reset_grad()
+        for x, y in rest:
+            m(x, y)
+            o.step()
+            m.lazy_reset_grad()
+    _assert_same(state.train_state, other.train_state)
 
 
 def test_packed_update_is_the_per_name_update_bit_for_bit():

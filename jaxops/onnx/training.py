@@ -153,8 +153,8 @@ class CheckpointState:
 
     @train_state.setter
     def train_state(self, state: TrainState) -> None:
-        self._issue_pending()
-        self._state, self._packed = state, None
+        # the new state replaces what a pending optimizer step would have made: it is dropped
+        self._state, self._packed, self._pending = state, None, None
 
     def _packed_state(self, trained: tuple[str, ...]) -> PackedState:
         """The state packed with `trained` (a training model's) as the main layout."""
@@ -169,7 +169,7 @@ class CheckpointState:
 
     def _issue_pending(self) -> None:
         """Runs the optimizer step that waits for the next train call (Optimizer.step), for
-        anything that reads or replaces the state in between."""
+        anything that reads the state in between (a new train_state drops it instead)."""
         if self._pending is not None:
             self._pending._issue()
 
@@ -186,7 +186,7 @@ class CheckpointState:
         return self
 
     def __init__(self, checkpoint: ckpt_format.Checkpoint):
-        self._pending = None  # an Optimizer whose step is not issued yet (Optimizer.step)
+        # (train_state's setter also sets _pending: an Optimizer whose step is not issued yet)
         self.train_state = TrainState.from_checkpoint(checkpoint)
         group = checkpoint.optimizer.get(GROUP, ckpt_format.OptimizerGroup())
         self.initial_learning_rate = float(group.initial_learning_rate)
@@ -464,9 +464,9 @@ class Module:
         # the steps read neither the moments nor the step count, and eval no gradients: left
         # out, they cost no dispatch (and the count stays on the host)
         if training:
-            # not waited for: the optimizer step that follows queues behind it (waiting here,
-            # bert_dynamo's whole step took 0.41 ms instead of 0.33, all cores); that step
-            # waits for both where both are small
+            # not waited for: the optimizer step that follows (run alone, or with the next
+            # train step) queues behind it and waits for both where both are small (waiting
+            # here too, bert_dynamo's whole step took 0.41 ms instead of 0.33, all cores)
             (outs, grads), self._queued_small = self._steps.call(
                 "train", packed, packed.trained, packed.grads, packed.rest, inputs,
                 self._flags[self._reset], wait=False)
@@ -549,6 +549,7 @@ class Optimizer:
         state.train_state = self.core.init(state.train_state)
         self._steps = _Steps(self._make_update)
         self._count = (None, None)  # (the host step count, the same count on the device)
+        self._args = None  # a pending step's (step count, lr to hand the update, lr): step()
         self._lr_on_device = (None, None)  # (a learning rate, it on the device)
 
     def _make_update(self, kind, static, args):
@@ -584,8 +585,9 @@ class Optimizer:
         The update is issued with the module's next train call, as one jitted program with
         it (one dispatch a step, not two: llama_ts's, bert_dynamo's and vit_ts's whole steps
         on one core took 383, 450 and 437 us instead of 422, 484 and 467, 2026-12-02), or on
-        its own before anything else reads or replaces the state (a parameter, the eval
-        model, a checkpoint, block_until_ready): the values are those of issuing it here."""
+        its own before anything else reads the state (a parameter, the eval model, a
+        checkpoint, block_until_ready): the values are those of issuing it here. A
+        train_state assigned in between replaces its result, which is then not computed."""
         module, state = self.module, self.module.state
         # (a step before the module's first call: the module stays where the moments are)
         module._may_move = False

@@ -139,9 +139,8 @@ class PackedState:
     def replace(self, **changes) -> PackedState:
         """A copy with `changes`: a dict update, as each step makes one (1.2-1.5 us;
         dataclasses.replace 3.9 us, measured under load on 2026-11-24)."""
-        unknown = changes.keys() - _FIELDS
-        if unknown:
-            raise TypeError(f"not fields of a PackedState: {sorted(unknown)}")
+        if not _FIELDS.issuperset(changes):  # (no set made where all are fields)
+            raise TypeError(f"not fields of a PackedState: {sorted(changes.keys() - _FIELDS)}")
         new = object.__new__(PackedState)
         new.__dict__.update(self.__dict__, **changes)
         return new

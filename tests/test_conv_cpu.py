@@ -264,3 +264,94 @@ def test_conv_general_values_in_every_float(dtype):
     tol = 2 * float(jnp.finfo(dtype).eps) * float(jnp.max(jnp.abs(ref.astype(jnp.float32))))
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32),
                                rtol=0, atol=max(tol, 1e-4))
+
+
+def _packed(case, **epilogue):
+    """f(x, panels[, scale, shift]): the kernel at case's geometry on pack_weights' panels."""
+    groups, o = _params(case)["groups"], case[1][3]
+    return lambda x, p, *affine: conv_cpu.conv_nhwc(x, p, *case[2:5], groups, *affine,
+                                                    out_channels=o, **epilogue)
+
+
+@pytest.mark.parametrize("isa", ["best", "avx2"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_packed_weights_give_the_same_bits(case, isa):
+    # the panels the kernel would pack, given packed (a constant's, folded by XLA): the same
+    # tiles over the same values, so the same bits; pack and unpack are inverses
+    x, w = _inputs(case, seed=hash(case) % 997)
+    groups = _params(case)["groups"]
+    p = conv_cpu.pack_weights(w, groups)
+    o = case[1][3]
+    assert p.shape == (groups, -(-(o // groups) // 16), case[1][0], case[1][1] * case[1][2], 16)
+    assert np.array_equal(conv_cpu.unpack_weights(p, case[1][2], o), w)
+    rng = np.random.default_rng(4)
+    scale, shift = (jnp.asarray(rng.standard_normal(o), jnp.float32) for _ in range(2))
+    for affine, bounds in (((), {}), ((scale, shift), {"lo": 0.0})):
+        want = jax.jit(_kernel(case, isa=isa, **bounds))(x, w, *affine)
+        got = jax.jit(_packed(case, isa=isa, **bounds))(x, p, *affine)
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+    _close(got, _ref(case, lo=0.0)(x, w, scale, shift), np.prod(case[1][:3]))
+
+
+def test_packed_weights_vmap_gradients_and_sharding():
+    case = CASES[-3]  # grouped
+    groups, o = _params(case)["groups"], case[1][3]
+    xs, ws = zip(*(_inputs(case, seed=s) for s in range(3)))
+    xb = jnp.stack(xs)
+    pb = jnp.stack([conv_cpu.pack_weights(w, groups) for w in ws])
+    f, ref, k = _packed(case), _ref(case), np.prod(case[1][:3])
+    _close(jax.vmap(f)(xb, pb), jax.vmap(ref)(xb, jnp.stack(ws)), k)
+    _close(jax.vmap(f, (0, None))(xb, pb[0]), jax.vmap(ref, (0, None))(xb, ws[0]), k)
+    _close(jax.vmap(f, (None, 0))(xs[0], pb), jax.vmap(ref, (None, 0))(xs[0], jnp.stack(ws)), k)
+    g = jax.vmap(jax.grad(lambda x, p: jnp.sum(jnp.sin(f(x, p))), (0, 1)))(xb, pb)
+    gr = jax.vmap(jax.grad(lambda x, w: jnp.sum(jnp.sin(ref(x, w))), (0, 1)))(xb, jnp.stack(ws))
+    np.testing.assert_allclose(np.asarray(g[0]), np.asarray(gr[0]), rtol=1e-4, atol=1e-4)
+    unpacked = jax.vmap(lambda p: conv_cpu.unpack_weights(p, case[1][2], o))(g[1])
+    np.testing.assert_allclose(np.asarray(unpacked), np.asarray(gr[1]), rtol=1e-4, atol=1e-4)
+    check_grads(f, (xs[0], pb[0]), order=2, modes=("fwd", "rev"), eps=1e-2, atol=5e-2,
+                rtol=5e-2)
+    mesh = Mesh(np.array(on_cpu_devices(4)), ("x",))
+    x4 = jnp.concatenate([xb[0], xb[1]])  # 4 images
+    placed = jax.device_put(x4, NamedSharding(mesh, PartitionSpec("x")))
+    fj = jax.jit(f)
+    hlo = fj.lower(placed, pb[0]).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo and "jaxops_conv_nhwc" in hlo
+    out = fj(placed, pb[0])
+    assert out.sharding.spec[:1] == ("x",)
+    _close(out, ref(x4, ws[0]), k)
+
+
+@pytest.mark.parametrize("w_shape, params, match", [
+    ((1, 2, 3, 48, 16), {}, "out_channels"),                              # O not given
+    ((1, 2, 3, 48, 16), {"out_channels": 33}, "packed w"),                 # 3 panels wanted
+    ((1, 2, 3, 47, 16), {"out_channels": 24}, "packed w"),                 # KW * C / G split
+    ((1, 2, 3, 48, 8), {"out_channels": 24}, "packed w"),                  # panel width
+    ((2, 1, 3, 24, 16), {"out_channels": 24}, "packed w"),                 # groups
+    ((1, 2, 3, 48, 16), {"out_channels": 24, "groups": 3}, "divide"),
+    ((1, 2, 3, 48, 16), {"out_channels": -1}, "out_channels"),
+    ((3, 3, 16, 24), {"out_channels": 23}, "out_channels"),               # rank 4: w's O
+    ((3, 3, 16, 24, 1, 1), {}, "rank 4"),
+])
+def test_bad_packed_weights_are_a_clear_error(w_shape, params, match):
+    p = {"strides": (2, 2), "dilations": (1, 1), "padding": ((1, 1), (1, 1)), **params}
+    x, w = jnp.zeros((2, 8, 8, 16), jnp.float32), jnp.zeros(w_shape, jnp.float32)
+    with pytest.raises(ValueError, match=match) as e:
+        conv_cpu.conv_nhwc(x, w, **p)
+    assert "conv_nhwc" in str(e.value)
+
+
+def test_conv_general_packs_constant_weights_once():
+    # a constant weight (program.jit()'s params): XLA folds its panels, the kernel reads them
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((2, 16, 8, 8)), jnp.float32)
+    w = np.asarray(rng.standard_normal((24, 16, 3, 3)), np.float32)
+
+    def f(constant_w):
+        return jax.jit(lambda x: conv_general(x, jnp.asarray(w), (2, 2), [(1, 1)] * 2, (1, 1),
+                                              1, dense=True, channels_last=True,
+                                              constant_w=constant_w))
+    hlo = f(True).lower(x).compile().as_text()
+    call = next(line for line in hlo.splitlines() if "custom_call_target=\"jaxops_conv_nhwc\"" in line)
+    assert "f32[1,2,3,48,16]" in call and "transpose(" not in hlo.split("ENTRY")[1].split(call)[0]
+    assert "f32[1,2,3,48,16]" not in f(False).lower(x).compile().as_text()
+    assert np.array_equal(np.asarray(f(True)(x)), np.asarray(f(False)(x)))

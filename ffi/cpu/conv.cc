@@ -12,7 +12,8 @@ namespace {
 constexpr const char* kOp = "conv_nhwc";
 
 // y = clamp(conv(x, w) * scale + shift, lo, hi) per output channel; scale and shift [O] are
-// read only where `affine` is 1.
+// read only where `affine` is 1. w is [KH, KW, C / groups, O], or (rank 5) its panels as
+// pack_weights lays them out, [groups, panels of O / groups, KH, KW * C / groups, 16].
 ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                      ffi::AnyBuffer shift, ffi::Result<ffi::AnyBuffer> y, int64_t sh, int64_t sw,
                      int64_t dh, int64_t dw, int64_t ph, int64_t pw, int64_t groups,
@@ -25,12 +26,19 @@ ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                          std::pair{"y", y->element_type()}})
     if (auto err = check_type(what, t, kF32); !err.empty()) return invalid(kOp, err);
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 4 || wd.size() != 4 || yd.size() != 4)
-    return invalid(kOp, "x, w and y must have rank 4 (NHWC, HWIO, NHWC)");
-  if (groups < 1 || groups > xd[3] || wd[2] * groups != xd[3] || yd[0] != xd[0] || yd[3] != wd[3])
-    return invalid(kOp, "x [N, H, W, C], w [KH, KW, C / groups, O] and y [N, OH, OW, O] do "
-                        "not agree");
-  const Geometry g{xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[3], yd[1], yd[2],
+  const bool packed = wd.size() == 5;
+  if (xd.size() != 4 || !(wd.size() == 4 || packed) || yd.size() != 4)
+    return invalid(kOp, "x and y must have rank 4 (NHWC), w rank 4 (HWIO) or 5 (packed)");
+  if (groups < 1 || groups > xd[3] || xd[3] % groups || yd[0] != xd[0])
+    return invalid(kOp, "x [N, H, W, C] and y [N, OH, OW, O] do not agree with groups");
+  const int64_t cg = xd[3] / groups;
+  if (packed ? (wd[0] != groups || wd[3] % cg || wd[4] != kCols || yd[3] % groups ||
+                wd[1] != (yd[3] / groups + kCols - 1) / kCols)
+             : (wd[2] != cg || yd[3] != wd[3]))
+    return invalid(kOp, "x [N, H, W, C], w [KH, KW, C / groups, O] (or its panels) and y "
+                        "[N, OH, OW, O] do not agree");
+  const Geometry g{xd[0], xd[1], xd[2], xd[3], packed ? wd[2] : wd[0],
+                   packed ? wd[3] / cg : wd[1], yd[3], yd[1], yd[2],
                    sh,    sw,    dh,    dw,    ph,    pw,    groups};
   if (auto err = check(g); !err.empty()) return invalid(kOp, err);
   if (affine != 0 && affine != 1) return invalid(kOp, "affine must be 0 or 1");
@@ -45,7 +53,7 @@ ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
     return invalid(kOp, "isa must be 0 (the best the CPU has), 1 (generic), 2 (AVX2), 3 (AVX-512)");
   if (y->element_count() > 0)
     convolve(g, x.reinterpret_data<float>(), w.reinterpret_data<float>(),
-             y->reinterpret_data<float>(), e, Isa(isa));
+             y->reinterpret_data<float>(), e, Isa(isa), packed);
   return ffi::Error::Success();
 }
 

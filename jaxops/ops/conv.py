@@ -489,7 +489,7 @@ _NOTHING_AFTER = Epilogue((), lambda y: y, lambda: (None, None))
 
 def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
                  precision=lax.Precision.HIGHEST, dense=False, channels_last=False,
-                 epilogue: Epilogue | None = None):
+                 epilogue: Epilogue | None = None, constant_w=False):
     """lax.conv_general_dilated in ONNX layouts (NC..., OI...): XLA's convolution, except that
     a grouped one lowered for the CPU is windowed_conv there. (Other dense ones stay XLA's:
     their windowed filter gradient, 1.4-7x faster at the corpus's sizes, summed in another
@@ -515,7 +515,11 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
     dilation is a 1x1 one).
 
     epilogue: what follows it (an Epilogue): in the kernel's store where the kernel runs,
-    else as the graph writes it."""
+    else as the graph writes it.
+
+    constant_w: w is a constant of the program (not traced): the CPU kernel then takes its
+    weights packed by XLA's constant folding (conv_cpu.pack_weights) instead of packing them
+    every call."""
     n = x.ndim - 2
     epilogue = epilogue or _NOTHING_AFTER
     ops, after = epilogue.operands, epilogue.exact
@@ -557,7 +561,8 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
 
     def in_kernel(x, w, *ops):
         return conv_cpu.conv_nchw(x, w, strides, dilations, cpu_padding, group,
-                                  *epilogue.folded(*ops), epilogue.lo, epilogue.hi)
+                                  *epilogue.folded(*ops), epilogue.lo, epilogue.hi,
+                                  constant_w=constant_w)
 
     def in_depthwise(x, w, *ops):
         return after(depthwise_cpu.forward(x, w, dilations, cpu_padding), *ops)

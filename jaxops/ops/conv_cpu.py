@@ -26,20 +26,58 @@ _DIMS = ("NHWC", "HWIO", "NHWC")
 ISAS = {0: 0, "best": 0, "generic": 1, "avx2": 2, "avx512": 3}
 
 
+PANEL = 16  # output channels a weight panel (conv.h's kCols)
+
+
+def pack_weights(w, groups=1):
+    """w [KH, KW, C / groups, O] as the kernel's weight panels, [groups, panels, KH,
+    KW * C / groups, 16] (each group's O / groups outputs in panels of 16, the last one
+    zero-filled): what conv.h packs every call, done once where w is a constant (XLA folds
+    it)."""
+    kh, kw, cg, o = w.shape
+    og = o // groups
+    panels = -(-og // PANEL)
+    w = w.reshape(kh, kw * cg, groups, og)
+    w = jnp.pad(w, ((0, 0), (0, 0), (0, 0), (0, panels * PANEL - og)))
+    return jnp.transpose(w.reshape(kh, kw * cg, groups, panels, PANEL), (2, 3, 0, 1, 4))
+
+
+def unpack_weights(panels, cg, o):
+    """pack_weights' inverse: [KH, KW, cg, o]."""
+    groups, count, kh, kwc, _ = panels.shape
+    w = jnp.transpose(panels, (2, 3, 0, 1, 4)).reshape(kh, kwc, groups, count * PANEL)
+    return w[..., :o // groups].reshape(kh, kwc // cg, cg, o)
+
+
+def _kernel_shape(x, w, scale, groups):
+    """(KH, KW, O) of w, as given or packed (rank 5, O from scale), checked against x."""
+    if x.ndim != 4 or w.ndim not in (4, 5):
+        raise ValueError(f"x [N, H, W, C] must have rank 4 and w [KH, KW, C, O] rank 4 (or 5: "
+                         f"packed), got shapes {x.shape} and {w.shape}")
+    if not isinstance(groups, int) or groups < 1 or x.shape[3] % groups:
+        raise ValueError(f"groups {groups} must divide x's input channels {x.shape[3]}")
+    cg = x.shape[3] // groups
+    if w.ndim == 4:
+        if w.shape[2] * groups != x.shape[3] or w.shape[3] % groups:
+            raise ValueError(f"w's input channels {w.shape[2]} x groups {groups} must be x's "
+                             f"{x.shape[3]}, and groups must divide its outputs {w.shape[3]}")
+        return w.shape[0], w.shape[1], w.shape[3]
+    o = scale.shape[0] if scale.ndim == 1 else -1
+    if (o < 0 or o % groups or w.shape[0] != groups or w.shape[3] % cg or w.shape[4] != PANEL
+            or w.shape[1] != -(-(o // groups) // PANEL)):
+        raise ValueError(f"packed w {w.shape} must be pack_weights' panels of [KH, KW, {cg}, O] "
+                         f"for {groups} groups, O = scale's {scale.shape}")
+    return w.shape[2], w.shape[3] // cg, o
+
+
 def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
            lo=-np.inf, hi=np.inf, isa=0):
     if any(a.dtype != jnp.float32 for a in (x, w, scale, shift)):
         raise TypeError(f"x, w, scale and shift must be float32, got {x.dtype}, {w.dtype}, "
                         f"{scale.dtype} and {shift.dtype}")
-    if x.ndim != 4 or w.ndim != 4:
-        raise ValueError(f"x [N, H, W, C] and w [KH, KW, C, O] must have rank 4, got shapes "
-                         f"{x.shape} and {w.shape}")
-    if not isinstance(groups, int) or groups < 1 or w.shape[2] * groups != x.shape[3] \
-            or w.shape[3] % groups:
-        raise ValueError(f"w's input channels {w.shape[2]} x groups {groups} must be x's "
-                         f"{x.shape[3]}, and groups must divide its outputs {w.shape[3]}")
-    if scale.shape != (w.shape[3],) or shift.shape != (w.shape[3],):
-        raise ValueError(f"scale and shift must be [O] = [{w.shape[3]}], got {scale.shape} "
+    kh, kw, o = _kernel_shape(x, w, scale, groups)
+    if scale.shape != (o,) or shift.shape != (o,):
+        raise ValueError(f"scale and shift must be [O] = [{o}], got {scale.shape} "
                          f"and {shift.shape}")
     if not lo <= hi:  # (NaN included)
         raise ValueError(f"the clamp needs lo <= hi, got {lo} and {hi}")
@@ -48,11 +86,11 @@ def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=
     if min(*strides, *dilations) < 1 or min(p for pair in padding for p in pair) < 0:
         raise ValueError(f"strides {strides} and dilations {dilations} must be >= 1 and "
                          f"padding {padding} >= 0")
-    out = geometry.conv_out_sizes(x.shape[1:3], w.shape[:2], strides, dilations, padding)
+    out = geometry.conv_out_sizes(x.shape[1:3], (kh, kw), strides, dilations, padding)
     if min(out) < 1:
-        raise ValueError(f"the window ({w.shape[:2]}, dilations {dilations}) is larger than "
+        raise ValueError(f"the window ({(kh, kw)}, dilations {dilations}) is larger than "
                          f"the padded input ({x.shape[1:3]}, padding {padding})")
-    return jax.ShapeDtypeStruct((x.shape[0], *out, w.shape[3]), jnp.float32)
+    return jax.ShapeDtypeStruct((x.shape[0], *out, o), jnp.float32)
 
 
 def _clamp(y, lo, hi):
@@ -66,6 +104,8 @@ def _clamp(y, lo, hi):
 
 def _reference(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
                lo=-np.inf, hi=np.inf, isa=0):
+    if w.ndim == 5:
+        w = unpack_weights(w, x.shape[3] // groups, scale.shape[0])
     y = lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
                                  dimension_numbers=_DIMS, feature_group_count=groups,
                                  precision=lax.Precision.HIGHEST)
@@ -95,7 +135,12 @@ def _ffi_attrs(x, w, scale, shift, *, strides, dilations, padding, groups=1, aff
 def _factors(x, w, scale, shift, *, groups=1, **params):
     # images and output channels shard; the window and the summed channels stay whole, and
     # so do grouped outputs (a shard of them would not hold whole groups' worth)
-    # (the replicated factors in the order they first appear: Shardy wants them sorted)
+    # (the replicated factors in the order they first appear: Shardy wants them sorted);
+    # packed weights: only the images shard (a panel mixes output channels)
+    if w.ndim == 5:
+        return Factors((("n", "h", "w", "c"), ("g", "p", "kh", "kwc", "l"), ("o",), ("o",)),
+                       (("n", "oh", "ow", "o"),),
+                       ("h", "w", "c", "g", "p", "kh", "kwc", "l", "o", "oh", "ow"))
     if groups == 1:
         return Factors((("n", "h", "w", "c"), ("kh", "kw", "c", "o"), ("o",), ("o",)),
                        (("n", "oh", "ow", "o"),), ("h", "w", "c", "kh", "kw", "oh", "ow"))
@@ -109,9 +154,10 @@ conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
 
 
 def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=None,
-              lo=-np.inf, hi=np.inf, isa=0):
+              lo=-np.inf, hi=np.inf, isa=0, out_channels=None):
     """y [N, OH, OW, O] = clamp(x [N, H, W, C] (*) w [KH, KW, C / groups, O] * scale + shift,
-    lo, hi), f32, padding ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads
+    lo, hi), f32 (w may come as pack_weights(w, groups), rank 5, with O as out_channels),
+    padding ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads
     the input channels of group j // (O / groups); scale and shift [O], both or neither: a
     folded BatchNormalization; lo, hi: a Relu's or Clip's bounds). `isa` picks the kernel's
     tile code (ISAS; 0: the best the CPU has, a higher one than it has falls back to the best
@@ -120,6 +166,13 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
     if affine != (shift is not None):
         raise ValueError("jaxops.ops.conv_nhwc: scale and shift come together")
     o = jnp.shape(w)[-1] if jnp.ndim(w) else 0
+    if jnp.ndim(w) == 5:
+        if not isinstance(out_channels, int) or out_channels < 0:
+            raise ValueError(f"jaxops.ops.conv_nhwc: packed weights need out_channels, got "
+                             f"{out_channels!r}")
+        o = out_channels
+    elif out_channels is not None and out_channels != o:
+        raise ValueError(f"jaxops.ops.conv_nhwc: out_channels {out_channels!r} is not w's {o}")
     if not affine:  # (not read: the kernel skips the affine step)
         scale, shift = jnp.ones((o,), jnp.float32), jnp.zeros((o,), jnp.float32)
     return conv_nhwc_op(x, w, scale, shift, strides=tuple(strides), dilations=tuple(dilations),
@@ -163,14 +216,21 @@ def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> boo
 
 
 def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=None,
-              lo=-np.inf, hi=np.inf):
+              lo=-np.inf, hi=np.inf, constant_w=False):
     """The kernel in ONNX layouts: x [N, C, H, W], w [O, C / groups, KH, KW] -> [N, O, OH, OW]
-    in x's dtype (f16/bf16 computed in f32, rounded once); the epilogue as conv_nhwc's."""
+    in x's dtype (f16/bf16 computed in f32, rounded once); the epilogue as conv_nhwc's.
+    constant_w: w is a constant of the program (program.jit()'s closed-over params), so its
+    panels are packed here, where XLA folds them, not by the kernel each call (DeepLabV3's
+    forward: its 13 kernel convolutions pack 112K weights a call)."""
     dtype = x.dtype
+    o = w.shape[0]
     xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
     wt = jnp.transpose(w.astype(jnp.float32), (2, 3, 1, 0))
+    if constant_w:
+        wt = pack_weights(wt, groups)
     f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)
-    y = conv_nhwc(xt, wt, strides, dilations, padding, groups, f32(scale), f32(shift), lo, hi)
+    y = conv_nhwc(xt, wt, strides, dilations, padding, groups, f32(scale), f32(shift), lo, hi,
+                  out_channels=o if constant_w else None)
     return jnp.transpose(y, (0, 3, 1, 2)).astype(dtype)
 
 

@@ -92,7 +92,9 @@ struct CopyAvx512 {  // for packs compiled for AVX-512 (the Avx512 pack wrappers
 // Weight panels a group (16 output channels each, the last zero-padded).
 inline int64_t panels_of(const Geometry& g) { return (g.og() + kCols - 1) / kCols; }
 
-// The weights [K, O] as panels [G][panels_of(g)][K][16].
+// The weights [K, O] as panels [G][panels_of(g)][K][16] (K in (ky, kx, c) order). A caller
+// may pass them so (convolve's `packed`): a program's constant weights, packed once by XLA's
+// constant folding instead of every call (ops/conv_cpu.py's pack_weights).
 inline void pack_weights(const Geometry& g, const float* w, float* panels) {
   const int64_t k = g.k(), count = panels_of(g);
   for (int64_t gi = 0; gi < g.groups; ++gi)
@@ -498,12 +500,13 @@ inline Patches in_place_patches(const Geometry& g, const Band& band, const float
 // How much cheaper (cost) than computing every tap a tiling by bands must be to be taken.
 constexpr double kSplitGain = 0.97;
 
-// y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`.
+// y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`; w
+// [KH, KW, C / G, O], or (`packed`) already pack_weights' panels.
 // The outputs go in bands whose taps inside x are the same, on the axes where that saves work
 // over computing the taps that read the zero pads (cost), and a tile computes the taps of its
 // bands: DeepLabV3's dilated 3x3s at 4x4 read x at 4 of their 9 taps, its 7x7 stem at 9 of 10.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
-                     const Epilogue& e = {}, Isa isa = Isa::kBest) {
+                     const Epilogue& e = {}, Isa isa = Isa::kBest, bool packed = false) {
   // the scratch of this thread's last call, kept: allocating and zeroing it every call cost
   // ~1 us of DeepLabV3's 3x3s (every element is written before it is read) ...
   thread_local std::vector<float> copy, panels, a;
@@ -564,11 +567,11 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const bool rows_in_place = g.groups == 1 && g.dw == 1;
   const float* rows_at[kMaxRows];
   const int64_t k = g.k(), count = panels_of(g);
-  if (panels.size() < size_t(g.groups * count * k * kCols))
+  if (!packed && panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
   if (!(rows_in_place && every_inside) && a.size() < size_t(t.rows * g.patch()))
     a.resize(t.rows * g.patch());
-  pack_weights(g, w, panels.data());
+  if (!packed) pack_weights(g, w, panels.data());
   bands.clear();
   for (const Span sy : ys)
     for (const Span sx : xs) bands.push_back({sy, sx});
@@ -578,7 +581,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   int64_t *const out_at = outs.data(), *const band_of = owner.data();
   const Band* const band_list = bands.data();
   const size_t band_count = bands.size();
-  float *const packed = a.data(), *const weights = panels.data();
+  float* const rows_packed = a.data();
+  const float* const weights = packed ? w : panels.data();
   size_t bi = 0;
   int64_t c = 0;  // the next pixel: band bi's c-th
   while (bi < band_count) {
@@ -632,12 +636,12 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
           rows_at[r] = x + ((p.b * g.h + p.iy) * g.w + p.ix) * g.c;
         }
       } else if (tile.taps()) {
-        (inside ? t.unchecked : t.checked)(g, tile, x, at, rows, t.rows, packed);
+        (inside ? t.unchecked : t.checked)(g, tile, x, at, rows, t.rows, rows_packed);
       }
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         int64_t first;
         const Patches s = in_place ? in_place_patches(g, tile, rows_at, first)
-                                   : band_patches(g, tile, gi, packed, first);
+                                   : band_patches(g, tile, gi, rows_packed, first);
         for (int64_t p = 0; p < count; p += t.panels) {
           const bool full = p + t.panels <= count;
           const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,

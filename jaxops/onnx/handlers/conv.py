@@ -47,7 +47,7 @@ def convolve(ctx, x, w, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     return conv_general(x, w.astype(x.dtype), strides, padding, dilations, group,
                         precision=None, dense=True,
                         channels_last=ctx.is_static(w) or not ctx.graph_has("ConvGrad"),
-                        epilogue=epilogue)
+                        epilogue=epilogue, constant_w=ctx.is_static(w))
 
 
 @handler("ConvTranspose")

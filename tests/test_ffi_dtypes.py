@@ -114,12 +114,18 @@ _SCRIPT = textwrap.dedent(r'''
                           dict(dh=np.int64(1), dw=np.int64(1), ph=np.int64(1), pw=np.int64(1),
                                isa=np.int64(0)))
 
+    def max_pool(t):  # x [2, 6, 6, 3], 3x3 stride 2, pads 1
+        return ([S((2, 3, 3, 3), t)], [arr((2, 6, 6, 3), t)],
+                {k: np.int64(v) for k, v in dict(kh=3, kw=3, sh=2, sw=2, dh=1, dw=1, ph=1, pw=1,
+                                                 isa=0).items()})
+
     def take_ranges(t):  # two pieces with a gap between them
         return ([S((2, 3), t), S((4,), t)], [arr((20,), t)], dict(offsets=np.array([1, 9])))
 
     CALLS = {
         "jaxops_conv_nhwc": conv_nhwc,
         "jaxops_take_ranges": take_ranges,
+        "jaxops_max_pool_nhwc": max_pool,
         "jaxops_depthwise_conv": depthwise("fwd"),
         "jaxops_depthwise_conv_dx": depthwise("dx"),
         "jaxops_depthwise_conv_dw": depthwise("dw"),

@@ -27,7 +27,7 @@ def test_registrations_equal_the_expected_targets(module):
 
 # CPU paths with no CUDA counterpart (registry.h: kCpuTargets)
 CPU_ONLY = {"jaxops_conv_nhwc", "jaxops_depthwise_conv", "jaxops_depthwise_conv_dx",
-            "jaxops_depthwise_conv_dw", "jaxops_take_ranges"}
+            "jaxops_depthwise_conv_dw", "jaxops_max_pool_nhwc", "jaxops_take_ranges"}
 
 
 def test_both_extensions_expect_one_list():

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 import ort_oracle
 from jaxops.onnx import load
 from jaxops.onnx.handlers import pool
+from jaxops.ops import pool_cpu
 from onnx_build import model, vi
 
 CASES = [  # (x shape, attributes)
@@ -27,13 +28,18 @@ def _program(op, shape, attrs):
     return load(model([node], [vi("x", shape=list(shape))], ["y"]))
 
 
-@pytest.mark.parametrize("slice_first", [True, False], ids=["slices_padded", "padded_sliced"])
+@pytest.mark.parametrize("slice_first", [True, False, None],
+                         ids=["slices_padded", "padded_sliced", "max_kernel"])
 @pytest.mark.parametrize("include", [0, 1])
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("shape,attrs", CASES)
 def test_sliced_pool_matches_ort(op, shape, attrs, include, slice_first, monkeypatch):
     # both forms of the taps: each a slice of x padded (small inputs), or slices of x padded
-    # once (large ones)
+    # once (large ones); and MaxPool's CPU kernel (ops.pool_cpu) where it applies (2-D)
+    if slice_first is None and (op != "MaxPool" or len(shape) != 4):
+        pytest.skip("the kernel takes 2-D max pools")
+    if slice_first is not None:
+        monkeypatch.setattr(pool_cpu, "applies", lambda *a: False)
     monkeypatch.setattr(pool, "_SLICE_FIRST_MAX", 1 << 40 if slice_first else 0)
     if op == "AveragePool" and "dilations" in attrs:
         pytest.skip("ORT 1.19's AveragePool (opset 17) has no dilations")
@@ -51,8 +57,11 @@ def test_sliced_pool_matches_ort(op, shape, attrs, include, slice_first, monkeyp
         (want,) = ort_oracle.run_node(op, [x], domain="", **attrs)
     # the gather form must not run: this checks the sliced one
     monkeypatch.setattr(pool, "_setup", lambda *a: pytest.fail("gather form used"))
-    got = jax.jit(_program(op, shape, attrs).jit())(x)
+    program = jax.jit(_program(op, shape, attrs).jit())
+    got = program(x)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+    if slice_first is None:
+        assert "jaxops_max_pool_nhwc" in program.lower(x).compile().as_text()
 
 
 def test_int8_max_pool_pads_with_the_lowest_value():

@@ -41,14 +41,15 @@ inline constexpr const char* kTargets[] = {
     "jaxops_softmax_grad", "jaxops_log_softmax_grad",                       // softmax
 };
 // Targets of the CPU extension alone: a CPU path with no CUDA counterpart (on a GPU the
-// convolutions and the range copies stay XLA's).
+// convolutions, the pools and the range copies stay XLA's).
 inline constexpr const char* kCpuTargets[] = {"jaxops_conv_nhwc", "jaxops_depthwise_conv",
                                               "jaxops_depthwise_conv_dx",
-                                              "jaxops_depthwise_conv_dw", "jaxops_take_ranges"};
+                                              "jaxops_depthwise_conv_dw", "jaxops_max_pool_nhwc",
+                                              "jaxops_take_ranges"};
 
 // The op families, each a namespace jaxops::<family> with one file per platform.
 #define JAXOPS_FAMILIES(X) X(concat) X(gather) X(gist) X(loss) X(norm) X(optim) X(softmax)
-#define JAXOPS_CPU_FAMILIES(X) X(conv) X(depthwise) X(ranges)
+#define JAXOPS_CPU_FAMILIES(X) X(conv) X(depthwise) X(pool) X(ranges)
 
 #define JAXOPS_DECLARE_FAMILY(family) \
   namespace family { void register_handlers(Registry& r); }

@@ -164,7 +164,7 @@ def test_sharded_images_without_gather(case):
     ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(23, jnp.float32), "shift": jnp.ones(23, jnp.float32)},
      jnp.float32, ValueError, r"\[O\]"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(24, jnp.float32)}, jnp.float32, ValueError,
-     "together"),
+     "comes with a shift"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(24, jnp.int32),
                                      "shift": jnp.ones(24, jnp.float32)}, jnp.float32, TypeError, "float32"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"lo": 1.0, "hi": 0.0}, jnp.float32, ValueError, "lo <= hi"),
@@ -355,3 +355,17 @@ def test_conv_general_packs_constant_weights_once():
     assert "f32[1,2,3,48,16]" in call and "transpose(" not in hlo.split("ENTRY")[1].split(call)[0]
     assert "f32[1,2,3,48,16]" not in f(False).lower(x).compile().as_text()
     assert np.array_equal(np.asarray(f(True)(x)), np.asarray(f(False)(x)))
+
+
+@pytest.mark.parametrize("isa", ["best", "generic", "avx2", "avx512"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[-2]], ids=[IDS[0], IDS[3], IDS[-2]])
+def test_shift_alone_matches_the_reference(case, isa):
+    # a bias (a BatchNormalization folded into constant weights): sum + shift, then the clamp
+    x, w = _inputs(case, seed=11)
+    shift = jnp.asarray(np.random.default_rng(12).standard_normal(case[1][3]), jnp.float32)
+    out = jax.jit(lambda x, w, s: conv_cpu.conv_nhwc(x, w, *case[2:5], _params(case)["groups"],
+                                                     None, s, lo=0.0, isa=isa))(x, w, shift)
+    ref = conv_cpu._reference(x, w, shift, shift, **_params(case), affine=2, lo=0.0)
+    _close(out, ref, np.prod(case[1][:3]))
+    want = jnp.maximum(conv_cpu._reference(x, w, shift, shift, **_params(case)) + shift, 0)
+    _close(out, want, np.prod(case[1][:3]))

@@ -155,3 +155,24 @@ def test_fused_matches_onnxruntime(name):
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got, _ = _run(m, x, fused=True)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("kw", [{}, {"bias": False}, {"k": 1}, {"act": "Clip"}],
+                         ids=["bn_relu", "nobias", "xla_conv_1x1", "bn_relu6"])
+def test_constant_batch_norm_folds_into_the_weights(kw):
+    # program.jit() closes over the params: the BatchNormalization goes into the weights and
+    # one shift (ORT's Conv + BatchNormalization fusion), on the kernel's path and on XLA's;
+    # the program then holds two constants for the chain (XLA:CPU allocates each a call)
+    m = _chain(**kw)
+    x = np.random.default_rng(5).standard_normal((2, 8, 9, 9)).astype(np.float32)
+    got, program = _run(m, x, fused=True)
+    want, unfused = _run(m, x, fused=False)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if jax.default_backend() != "cpu":
+        return
+    entry = lambda p: p.jit().lower(x).compile().as_text().split("ENTRY")[1]
+    assert entry(program).count(" constant(") <= 2 < entry(unfused).count(" constant(")
+    # with the params traced (jax.jit(program)(params, x)) the nodes' own math, unfolded
+    traced = jax.jit(program)(program.params, x)
+    np.testing.assert_allclose(np.asarray(traced[0] if isinstance(traced, tuple) else traced),
+                               want, rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ namespace {
 constexpr const char* kOp = "conv_nhwc";
 
 // y = clamp(conv(x, w) * scale + shift, lo, hi) per output channel; scale and shift [O] are
-// read only where `affine` is 1. w is [KH, KW, C / groups, O], or (rank 5) its panels as
+// read where `affine` is 1, shift alone (y = clamp(conv + shift)) where it is 2. w is [KH, KW, C / groups, O], or (rank 5) its panels as
 // pack_weights lays them out, [groups, panels of O / groups, KH, KW * C / groups, 16].
 ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                      ffi::AnyBuffer shift, ffi::Result<ffi::AnyBuffer> y, int64_t sh, int64_t sw,
@@ -41,13 +41,14 @@ ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                    packed ? wd[3] / cg : wd[1], yd[3], yd[1], yd[2],
                    sh,    sw,    dh,    dw,    ph,    pw,    groups};
   if (auto err = check(g); !err.empty()) return invalid(kOp, err);
-  if (affine != 0 && affine != 1) return invalid(kOp, "affine must be 0 or 1");
+  if (affine < 0 || affine > 2) return invalid(kOp, "affine must be 0, 1 or 2");
   if (affine && (scale.dimensions().size() != 1 || shift.dimensions().size() != 1 ||
                  scale.dimensions()[0] != g.o || shift.dimensions()[0] != g.o))
     return invalid(kOp, "scale and shift must be [O]");
   if (!(lo <= hi)) return invalid(kOp, "the clamp needs lo <= hi");
   Epilogue e;
-  if (affine) e.scale = scale.reinterpret_data<float>(), e.shift = shift.reinterpret_data<float>();
+  if (affine == 1) e.scale = scale.reinterpret_data<float>();
+  if (affine) e.shift = shift.reinterpret_data<float>();
   e.lo = lo, e.hi = hi;
   if (isa < 0 || isa > int64_t(Isa::kAvx512))
     return invalid(kOp, "isa must be 0 (the best the CPU has), 1 (generic), 2 (AVX2), 3 (AVX-512)");

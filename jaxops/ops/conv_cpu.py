@@ -109,8 +109,10 @@ def _reference(x, w, scale, shift, *, strides, dilations, padding, groups=1, aff
     y = lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
                                  dimension_numbers=_DIMS, feature_group_count=groups,
                                  precision=lax.Precision.HIGHEST)
-    if affine:
+    if affine == 1:
         y = y * scale + shift
+    elif affine == 2:
+        y = y + shift
     return _clamp(y, lo, hi)
 
 
@@ -158,13 +160,14 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
     """y [N, OH, OW, O] = clamp(x [N, H, W, C] (*) w [KH, KW, C / groups, O] * scale + shift,
     lo, hi), f32 (w may come as pack_weights(w, groups), rank 5, with O as out_channels),
     padding ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads
-    the input channels of group j // (O / groups); scale and shift [O], both or neither: a
-    folded BatchNormalization; lo, hi: a Relu's or Clip's bounds). `isa` picks the kernel's
+    the input channels of group j // (O / groups); scale and shift [O]: a folded
+    BatchNormalization, shift alone: a bias (+ shift), neither: none; lo, hi: a Relu's or
+    Clip's bounds). `isa` picks the kernel's
     tile code (ISAS; 0: the best the CPU has, a higher one than it has falls back to the best
     below): the tests run every path."""
-    affine = scale is not None
-    if affine != (shift is not None):
-        raise ValueError("jaxops.ops.conv_nhwc: scale and shift come together")
+    if scale is not None and shift is None:
+        raise ValueError("jaxops.ops.conv_nhwc: scale comes with a shift")
+    affine = 0 if shift is None else 1 if scale is not None else 2
     o = jnp.shape(w)[-1] if jnp.ndim(w) else 0
     if jnp.ndim(w) == 5:
         if not isinstance(out_channels, int) or out_channels < 0:
@@ -175,6 +178,8 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
         raise ValueError(f"jaxops.ops.conv_nhwc: out_channels {out_channels!r} is not w's {o}")
     if not affine:  # (not read: the kernel skips the affine step)
         scale, shift = jnp.ones((o,), jnp.float32), jnp.zeros((o,), jnp.float32)
+    elif affine == 2:  # (the scale operand is not read: shift's own buffer, no new constant)
+        scale = shift
     return conv_nhwc_op(x, w, scale, shift, strides=tuple(strides), dilations=tuple(dilations),
                         padding=tuple(map(tuple, padding)), groups=int(groups), affine=affine,
                         lo=float(lo), hi=float(hi), isa=isa)

@@ -186,7 +186,8 @@ void pack_band(const Geometry& g, const Band& band, const float* x, const Tap* a
 }
 
 // What follows the sums, per output channel j: y = clamp(sum * scale[j] + shift[j], lo, hi)
-// (scale and shift null: the sum itself; lo, hi -inf, inf: no clamp). A NaN sum stays NaN.
+// (scale null: sum + shift[j]; both null: the sum itself; lo, hi -inf, inf: no clamp). A NaN
+// sum stays NaN.
 struct Epilogue {
   const float* scale = nullptr;
   const float* shift = nullptr;
@@ -205,6 +206,7 @@ struct Store {
 
 inline float finish(float v, const Epilogue& e, int64_t j) {
   if (e.scale) v = v * e.scale[j] + e.shift[j];
+  else if (e.shift) v += e.shift[j];
   v = v < e.lo ? e.lo : v;  // (written so that NaN passes)
   return v > e.hi ? e.hi : v;
 }
@@ -315,10 +317,8 @@ __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int
   for (int p = 0; p < P; ++p) {
     const int64_t n = std::clamp<int64_t>(out.cols - p * kCols, 0, kCols);
     mask[p] = __mmask16((1u << n) - 1);
-    if (out.e.scale) {
-      scale[p] = _mm512_maskz_loadu_ps(mask[p], out.e.scale + p * kCols);
-      shift[p] = _mm512_maskz_loadu_ps(mask[p], out.e.shift + p * kCols);
-    }
+    if (out.e.scale) scale[p] = _mm512_maskz_loadu_ps(mask[p], out.e.scale + p * kCols);
+    if (out.e.shift) shift[p] = _mm512_maskz_loadu_ps(mask[p], out.e.shift + p * kCols);
   }
 #pragma GCC unroll 12
   for (int r = 0; r < 12; ++r) {
@@ -326,6 +326,7 @@ __attribute__((target("avx512f"))) inline void tile_avx512(const Patches& s, int
     for (int p = 0; p < P; ++p) {
       __m512 v = c[r][p];
       if (out.e.scale) v = _mm512_fmadd_ps(v, scale[p], shift[p]);
+      else if (out.e.shift) v = _mm512_add_ps(v, shift[p]);
       // lo, hi first: where v is NaN, max and min return it
       v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
       _mm512_mask_storeu_ps(out.y + out.at[r] + p * kCols, mask[p], v);
@@ -647,7 +648,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
           const int64_t col = gi * g.og() + p * kCols, left = g.og() - p * kCols,
                         cols = full ? t.panels * kCols : kCols;
           Epilogue ep = e;
-          if (e.scale) ep.scale += col, ep.shift += col;
+          if (e.scale) ep.scale += col;
+          if (e.shift) ep.shift += col;
           (full ? t.full : t.one)(s, k, weights + ((gi * count + p) * k + first) * kCols,
                                   Store{y + col, out_at + q0, rows, std::min(left, cols), ep});
         }

@@ -434,3 +434,20 @@ def test_importer_conv_channels_last_where_no_conv_grad_reads_it(rng):
     want = xla_conv(x, jnp.asarray(wv), (1, 1), [(1, 1)] * 2, (1, 1), 1, None)
     for got in (forward(x), traced(program.params, x), training(training.params, x)[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
+
+
+def test_channels_last_depthwise_reads_its_constant_weight_as_one_buffer(rng):
+    """A depthwise convolution's constant weight (program.jit()'s) reaches XLA as one constant,
+    its taps' rows read from it, not one constant a tap (XLA:CPU allocates each constant every
+    call); the values are XLA's convolution's."""
+    from jaxops.ops.conv import _barrier_differentiates
+    x = jnp.asarray(rng.standard_normal((2, 16, 8, 8)), jnp.float32)
+    w = np.asarray(rng.standard_normal((16, 1, 3, 3)), np.float32)
+    f = jax.jit(lambda x: conv_general(x, jnp.asarray(w), (1, 1), [(1, 1)] * 2, (1, 1), 16,
+                                       dense=True, channels_last=True))
+    want = xla_conv(x, jnp.asarray(w), (1, 1), [(1, 1)] * 2, (1, 1), 16, None)
+    np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
+    if jax.default_backend() != "cpu":
+        return
+    constants = f.lower(x).compile().as_text().split("ENTRY")[1].count(" constant(")
+    assert constants <= (1 if _barrier_differentiates() else 9)

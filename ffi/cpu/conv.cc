@@ -12,8 +12,9 @@ namespace {
 constexpr const char* kOp = "conv_nhwc";
 
 // y = clamp(conv(x, w) * scale + shift, lo, hi) per output channel; scale and shift [O] are
-// read where `affine` is 1, shift alone (y = clamp(conv + shift)) where it is 2. w is [KH, KW, C / groups, O], or (rank 5) its panels as
-// pack_weights lays them out, [groups, panels of O / groups, KH, KW * C / groups, 16].
+// read where `affine` is 1, shift alone (y = clamp(conv(x, w) + shift)) where it is 2. w is
+// [KH, KW, C / groups, O], or (rank 5) its panels as pack_weights lays them out,
+// [groups, panels of O / groups, KH, KW * C / groups, 16].
 ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                      ffi::AnyBuffer shift, ffi::Result<ffi::AnyBuffer> y, int64_t sh, int64_t sw,
                      int64_t dh, int64_t dw, int64_t ph, int64_t pw, int64_t groups,

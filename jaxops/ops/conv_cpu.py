@@ -70,7 +70,7 @@ def _kernel_shape(x, w, scale, groups):
     return w.shape[2], w.shape[3] // cg, o
 
 
-def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
+def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=0,
            lo=-np.inf, hi=np.inf, isa=0):
     if any(a.dtype != jnp.float32 for a in (x, w, scale, shift)):
         raise TypeError(f"x, w, scale and shift must be float32, got {x.dtype}, {w.dtype}, "
@@ -102,7 +102,7 @@ def _clamp(y, lo, hi):
     return y
 
 
-def _reference(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
+def _reference(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=0,
                lo=-np.inf, hi=np.inf, isa=0):
     if w.ndim == 5:
         w = unpack_weights(w, x.shape[3] // groups, scale.shape[0])
@@ -125,7 +125,7 @@ def _batch(op, args, dims, **params):
     return lax.map(lambda ops: op.bind(*ops, **params), tuple(batch_at_front(args, dims))), 0
 
 
-def _ffi_attrs(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=False,
+def _ffi_attrs(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=0,
                lo=-np.inf, hi=np.inf, isa=0):
     (sh, sw), (dh, dw), ((ph, _), (pw, _)) = strides, dilations, padding
     ints = {name: np.int64(v) for name, v in zip(
@@ -159,12 +159,11 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
               lo=-np.inf, hi=np.inf, isa=0, out_channels=None):
     """y [N, OH, OW, O] = clamp(x [N, H, W, C] (*) w [KH, KW, C / groups, O] * scale + shift,
     lo, hi), f32 (w may come as pack_weights(w, groups), rank 5, with O as out_channels),
-    padding ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads
-    the input channels of group j // (O / groups); scale and shift [O]: a folded
-    BatchNormalization, shift alone: a bias (+ shift), neither: none; lo, hi: a Relu's or
-    Clip's bounds). `isa` picks the kernel's
-    tile code (ISAS; 0: the best the CPU has, a higher one than it has falls back to the best
-    below): the tests run every path."""
+    padding ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads the input
+    channels of group j // (O / groups); scale and shift [O]: a folded BatchNormalization,
+    shift alone: a bias, neither: none; lo, hi: a Relu's or Clip's bounds). `isa` picks the
+    kernel's tile code (ISAS; 0: the best the CPU has, a higher one than it has falls back to
+    the best below): the tests run every path."""
     if scale is not None and shift is None:
         raise ValueError("jaxops.ops.conv_nhwc: scale comes with a shift")
     affine = 0 if shift is None else 1 if scale is not None else 2

@@ -89,10 +89,10 @@ inline void pixel_exact(const float* base, const int64_t* off, int64_t taps, int
 }
 
 // The fast loops: the taps outer, the running maxima in registers (or a local array), two a
-// channel for the even and the odd taps (one chain of dependent max operations ran at their
+// channel for the even and the odd taps (one chain of dependent max operations runs at their
 // latency), and a sum of v * 0 (0 while every v is finite, NaN from a NaN or an infinity):
-// the plain max drops NaNs, and a NaN check on every value (compare, mask, or) cost more than
-// the max. Channels outer, DeepLabV3's pool took 4.6 us; the plain loop 196 us (one core).
+// the plain max drops NaNs, and a NaN check on every value (compare, mask, or) costs as much
+// as the max. DeepLabV3's pool in C++, one AVX-512 core: 4.2-5.5 us; a scalar loop, 39 us.
 inline bool pixel_generic(const float* base, const int64_t* off, int64_t taps, int64_t c,
                           float* out) {
   typedef float V __attribute__((vector_size(16)));  // 4 floats: any CPU's vectors

@@ -124,8 +124,7 @@ def fused_conv(ctx, x, w, b=None, scale=None, bias=None, mean=None, var=None, lo
         b, (s, beta, m, v) = f32(b), map(f32, bn)
         if s is None:
             return None, b  # (a bias alone: the kernel's shift)
-        k = s / jnp.sqrt(v + jnp.float32(epsilon))
-        return k, beta + ((-m) if b is None else (b - m)) * k
+        return _bn_factors(jnp, b, s, beta, m, v, epsilon)
 
     bounds = _bounds(ctx, activation, lo, hi)
     vectors = all(jnp.shape(v) == (w.shape[0],) for v in operands if v is not None)
@@ -150,9 +149,15 @@ def _folded_into_weights(ctx, w, b, scale, bias, mean, var, epsilon):
     bias + (b - mean) * k (b absent: 0): folded's factors, k applied to the weights."""
     f32 = lambda v: None if v is None else np.asarray(ctx.static(v), np.float32)
     w, b, s, beta, m, v = map(f32, (w, b, scale, bias, mean, var))
-    k = s / np.sqrt(v + np.float32(epsilon))
-    shift = beta + ((-m) if b is None else (b - m)) * k
+    k, shift = _bn_factors(np, b, s, beta, m, v, epsilon)
     return w * k.reshape((-1,) + (1,) * (w.ndim - 1)), shift
+
+
+def _bn_factors(xp, b, s, beta, m, v, epsilon):
+    """(k, shift) of a BatchNormalization after a convolution with bias b (None: none), in
+    f32 with xp = jnp (traced) or np (constants, computed once): y = conv * k + shift."""
+    k = s / xp.sqrt(v + xp.float32(epsilon))
+    return k, beta + ((-m) if b is None else (b - m)) * k
 
 
 def _shifted(bounds, y, shift):

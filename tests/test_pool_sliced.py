@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 import ort_oracle
 from jaxops.onnx import load
 from jaxops.onnx.handlers import pool
+from jaxops._src import taps
 from jaxops.ops import pool_cpu
 from onnx_build import model, vi
 
@@ -36,7 +37,7 @@ def test_sliced_pool_matches_ort(op, shape, attrs, include, slice_first, monkeyp
     # both forms of the taps: each a slice of x padded (small inputs), or slices of x padded
     # once (large ones); not MaxPool's CPU kernel (test_max_pool_kernel_matches_ort)
     monkeypatch.setattr(pool_cpu, "applies", lambda *a: False)
-    monkeypatch.setattr(pool, "_SLICE_FIRST_MAX", 1 << 40 if slice_first else 0)
+    monkeypatch.setattr(taps, "SLICE_FIRST_MAX", 1 << 40 if slice_first else 0)
     if op == "AveragePool" and "dilations" in attrs:
         pytest.skip("ORT 1.19's AveragePool (opset 17) has no dilations")
     if op == "MaxPool" and include:

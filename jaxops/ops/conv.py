@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxops._src import geometry, rules
+from jaxops._src.derivatives import with_derivatives_of
 from jaxops._src.compat import mark_varying, varying_axes
 from jaxops._src.spec import Matrix, define
 from jaxops.ops import conv_cpu, depthwise_cpu
@@ -579,7 +580,7 @@ def conv_general(x, w, strides, padding, dilations, group, lhs_dilation=None,
         if kernel:
             # differentiated as before_kernel: a forward that is differentiated after all
             # (a forward-only export trained) keeps its gradients' formulation and numerics
-            return conv_cpu.with_derivatives_of(before_kernel, in_kernel)(x, w, *ops)
+            return with_derivatives_of(before_kernel, in_kernel)(x, w, *ops)
         if depthwise:  # (its derivatives are its own kernels)
             return in_depthwise(x, w, *ops)
         return before_kernel(x, w, *ops)

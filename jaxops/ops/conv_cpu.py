@@ -238,12 +238,4 @@ def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
     return jnp.transpose(y, (0, 3, 1, 2)).astype(dtype)
 
 
-def with_derivatives_of(reference, kernel):
-    """kernel's values with reference's derivatives (both f(x, w, ...) of the same math)."""
-    f = jax.custom_jvp(kernel)
-    f.defjvp(lambda primals, tangents: (kernel(*primals),
-                                        jax.jvp(reference, primals, tangents)[1]))
-    return f
-
-
 __all__: list[str] = []  # conv_general's, not jaxops.ops functions

@@ -13,9 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from jaxops._src import geometry
+from jaxops._src import geometry, taps
 from jaxops._src.op import Factors, Op
 
 # The kernel's code (pool.h's Isa): a name or 0 -> the attribute's value.
@@ -45,15 +44,9 @@ def _shape(x, *, kernel, strides, dilations, padding, isa=0):
 def _reference(x, *, kernel, strides, dilations, padding, isa=0):
     # the max over one strided slice of x padded with -inf a tap (lax.reduce_window's max has
     # no derivative with dilations)
-    xp = lax.pad(x, jnp.asarray(-jnp.inf, x.dtype), ((0, 0, 0), *((lo, hi, 0) for lo, hi in padding),
-                                                     (0, 0, 0)))
     out = geometry.conv_out_sizes(x.shape[1:3], kernel, strides, dilations, padding)
-    taps = [lax.slice(xp, (0, ky * dilations[0], kx * dilations[1], 0),
-                      (x.shape[0], ky * dilations[0] + (out[0] - 1) * strides[0] + 1,
-                       kx * dilations[1] + (out[1] - 1) * strides[1] + 1, x.shape[3]),
-                      (1, *strides, 1))
-            for ky in range(kernel[0]) for kx in range(kernel[1])]
-    return functools.reduce(jnp.maximum, taps)
+    return functools.reduce(jnp.maximum, taps.tap_slices(
+        x, -jnp.inf, kernel, strides, dilations, out, [lo for lo, _ in padding], 1))
 
 
 def _batch(op, args, dims, **params):

@@ -15,10 +15,10 @@ import numpy as np
 import jax.numpy as jnp
 from jax import lax
 
-from jaxops._src import geometry
+from jaxops._src import geometry, taps
+from jaxops._src.derivatives import with_derivatives_of
 from jaxops.ops import pool_cpu
 from jaxops.ops.conv import _materialized
-from jaxops.ops.conv_cpu import with_derivatives_of
 
 from ..registry import handler
 
@@ -53,14 +53,6 @@ def _windows(in_sizes, kernel, strides, dilations, pads, ceil_mode):
 # emit hundreds of slices; the corpus's pools have 9).
 _MAX_TAPS = 64
 
-# Up to this many input elements each tap reads its own slice of x, padded there, and XLA fuses
-# the taps into one pass; above, x is padded once and the taps slice the padded copy. On one
-# core (2026-11-28, interleaved): DeepLabV3's forward, a 3x3 max pool over 32K elements, 0.96x
-# the time (135.6 -> 130.4 us); ResNet's, over 524K, 1.015-1.02x (its bounds checks in the
-# fused pass cost more than the padded copy).
-_SLICE_FIRST_MAX = 1 << 17
-
-
 def _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     """(kernel, strides, dilations, idx, in_pad, out, pad_cfg): _windows' tables and the
     lax.pad config that makes every tap's strided slice of x in bounds."""
@@ -77,51 +69,13 @@ def _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
 
 
 def _tap_slices(x, fill, kernel, strides, dilations, out, pad_cfg, channels_last=True):
-    """One strided slice of x padded with `fill`, [N, *out, C] (channels_last) or
-    [N, C, *out], a kernel tap, in window order (small x: each tap's slice padded,
-    _padded_taps; else slices of one padded copy)."""
+    """taps.tap_slices of the NCHW x: [N, *out, C] (channels_last) or [N, C, *out] a tap."""
     nd = x.ndim - 2
     if channels_last:
         x = jnp.transpose(x, (0, *range(2, nd + 2), 1))
-    else:
-        pad_cfg = [(0, 0, 0), *pad_cfg[:-1]]
-    first = 1 if channels_last else 2  # the first spatial axis
-    if x.size <= _SLICE_FIRST_MAX:
-        yield from _padded_taps(x, jnp.asarray(fill, x.dtype), kernel, strides, dilations, out,
-                                [c[0] for c in pad_cfg[first:first + nd]], first)
-        return
-    xp = lax.pad(x, jnp.asarray(fill, x.dtype), pad_cfg)
-    for ks in np.ndindex(*kernel):
-        start = [0] * xp.ndim
-        limit = list(xp.shape)
-        step = [1] * xp.ndim
-        for a, k, d, o, s in zip(range(first, first + nd), ks, dilations, out, strides):
-            start[a], limit[a], step[a] = k * d, k * d + (o - 1) * s + 1, s
-        yield lax.slice(xp, start, limit, step)
-
-
-def _padded_taps(x, fill, kernel, strides, dilations, out, begin_pads, first):
-    """_tap_slices' taps, each a strided slice of x itself padded with `fill` to the output
-    size (a tap that reads only padding: `fill` throughout)."""
-    nd = len(kernel)
-    shape = list(x.shape)
-    shape[first:first + nd] = out
-    for ks in np.ndindex(*kernel):
-        start, limit, step = [0] * x.ndim, list(x.shape), [1] * x.ndim
-        cfg = [(0, 0, 0)] * x.ndim
-        for a, k, d, o, s, lo in zip(range(first, first + nd), ks, dilations, out, strides,
-                                     begin_pads):
-            # the outputs i0..i1 whose tap reads x[i * s + k * d - lo] inside x
-            i0 = max(0, -(-(lo - k * d) // s))
-            i1 = min(o - 1, (x.shape[a] - 1 + lo - k * d) // s)
-            if i1 < i0:
-                yield jnp.full(shape, fill)
-                break
-            p0 = i0 * s + k * d - lo
-            start[a], limit[a], step[a] = p0, p0 + (i1 - i0) * s + 1, s
-            cfg[a] = (i0, o - 1 - i1, 0)
-        else:
-            yield lax.pad(lax.slice(x, start, limit, step), fill, cfg)
+    begin_pads = [c[0] for c in pad_cfg[1:1 + nd]]
+    return taps.tap_slices(x, fill, kernel, strides, dilations, out, begin_pads,
+                           1 if channels_last else 2)
 
 
 def _channels_first(y):
@@ -153,8 +107,8 @@ def _sliced(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
 
     def sliced(x):
-        taps = _tap_slices(x, fill, kernel, strides, dilations, out, pad_cfg)
-        return _channels_first(_materialized(functools.reduce(combine, taps)))
+        slices = _tap_slices(x, fill, kernel, strides, dilations, out, pad_cfg)
+        return _channels_first(_materialized(functools.reduce(combine, slices)))
 
     def gathered(x):  # other platforms: the gather (the slices were measured on the CPU only)
         patches = _patches(x, idx)
@@ -211,9 +165,9 @@ def _max_pool_with_indices(x, kernel_shape, strides, dilations, pads, auto_pad, 
     floating = jnp.issubdtype(x.dtype, jnp.floating)
 
     def sliced(x):
-        taps = _tap_slices(x, lowest, kernel, strides, dilations, out, pad_cfg, channels_last=False)
+        slices = _tap_slices(x, lowest, kernel, strides, dilations, out, pad_cfg, channels_last=False)
         y = i = None
-        for t, w in reversed(list(enumerate(taps))):  # the last tap first: see the docstring
+        for t, w in reversed(list(enumerate(slices))):  # the last tap first: see the docstring
             tap = jnp.asarray(table[:, t].astype(index_type).reshape(1, 1, *out))
             if y is None:
                 y, i = w, jnp.broadcast_to(tap, w.shape)

@@ -19,6 +19,8 @@ measured counts, kept there only).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import os
@@ -115,6 +117,33 @@ def xla_threads(device: jax.Device | None = None) -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+_KERNEL_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "jaxops_kernel_threads", default=None)
+
+
+def kernel_threads() -> int:
+    """The threads jaxops' own CPU kernels may use in the program being traced:
+    `kernel_threads_as`'s count, else 1. The inference convolution runs on XLA's calling
+    thread and shares a large one with a helper thread where this is above 1: the small
+    forwards and Modules that move to `cpu_device(1)` by themselves (XLA then runs them on one
+    thread) are traced with the default client's count (xla_threads(): configure_cpu's, else
+    the cores this process may run on), as ORT's session at its defaults runs a convolution on
+    every core. Elsewhere XLA's own pool has the cores (sharing there made ResNet's forward,
+    corpus, 2 vCPUs, 2.20 -> 2.51 ms)."""
+    threads = _KERNEL_THREADS.get()
+    return 1 if threads is None else threads
+
+
+@contextlib.contextmanager
+def kernel_threads_as(threads: int):
+    """kernel_threads() is `threads` inside (for a trace)."""
+    token = _KERNEL_THREADS.set(_check_threads("kernel_threads_as", threads))
+    try:
+        yield
+    finally:
+        _KERNEL_THREADS.reset(token)
 
 
 def concurrent_scheduler() -> bool:

@@ -147,6 +147,51 @@ def test_sharded_images_without_gather(case):
     _close(f(x, w_placed), _ref(case)(x, w), np.prod(case[1][:3]))
 
 
+@pytest.mark.parametrize("isa", ["best", "avx2"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_two_threads_give_the_same_bits(case, isa):
+    # each case with enough images to be shared (conv.h's kShareFlops, 1 MFLOP; the two
+    # tiniest stay short of it), its chunks claimed by the calling and the helper thread:
+    # every output from the same tile as on one thread; packed weights and the epilogue too
+    out = jax.eval_shape(_kernel(case), *_inputs(case)).shape
+    flops = 2 * np.prod(out) * np.prod(case[1][:3])
+    n = case[0][0] * min(128, -(-(1 << 20) // int(flops)))
+    case = ((n, *case[0][1:]), *case[1:])
+    x, w = _inputs(case, seed=5)
+    o, groups = case[1][3], _params(case)["groups"]
+    rng = np.random.default_rng(6)
+    scale, shift = (jnp.asarray(rng.standard_normal(o), jnp.float32) for _ in range(2))
+    one = jax.jit(_kernel(case, isa=isa, lo=-0.5))(x, w, scale, shift)
+    two = jax.jit(_kernel(case, isa=isa, lo=-0.5, threads=2))(x, w, scale, shift)
+    np.testing.assert_array_equal(np.asarray(one), np.asarray(two))
+    packed = conv_cpu.pack_weights(w, groups)
+    two_packed = jax.jit(lambda x, p: conv_cpu.conv_nhwc(
+        x, p, *case[2:5], groups, out_channels=o, threads=2))(x, packed)
+    np.testing.assert_array_equal(np.asarray(two_packed),
+                                  np.asarray(jax.jit(_kernel(case, isa=isa))(x, w)))
+
+
+def test_threads_follow_kernel_threads():
+    # conv_nchw's count: jaxops.cpu.kernel_threads() (1 unless kernel_threads_as says more; at
+    # most 2: the caller and the helper)
+    from jaxops.cpu import kernel_threads, kernel_threads_as
+    x = jnp.zeros((2, 16, 8, 8), jnp.float32)
+    w = jnp.zeros((24, 16, 3, 3), jnp.float32)
+
+    def threads_in_hlo():
+        f = jax.jit(lambda x, w: conv_cpu.conv_nchw(x, w, (1, 1), (1, 1), ((1, 1), (1, 1))))
+        text = f.lower(x, w).as_text()
+        return int(text.split("threads = ")[1].split(" ")[0])
+    assert kernel_threads() == 1 and threads_in_hlo() == 1
+    with kernel_threads_as(2):
+        assert kernel_threads() == 2 and threads_in_hlo() == 2
+    with kernel_threads_as(7):
+        assert threads_in_hlo() == 2
+    with pytest.raises(ValueError, match="threads"):
+        with kernel_threads_as(0):
+            pass
+
+
 @pytest.mark.parametrize("x_shape, w_shape, params, dtype, error, match", [
     ((2, 8, 8, 16), (3, 3, 16, 24), {}, jnp.float64, TypeError, "float32"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {}, jnp.int32, TypeError, "float32"),
@@ -161,6 +206,8 @@ def test_sharded_images_without_gather(case):
     ((2, 2, 2, 16), (3, 3, 16, 24), {"padding": ((0, 0), (0, 0))}, jnp.float32, ValueError,
      "larger than"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"isa": "sse"}, jnp.float32, ValueError, "isa"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"threads": 0}, jnp.float32, ValueError, "threads"),
+    ((2, 8, 8, 16), (3, 3, 16, 24), {"threads": 2.0}, jnp.float32, ValueError, "threads"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(23, jnp.float32), "shift": jnp.ones(23, jnp.float32)},
      jnp.float32, ValueError, r"\[O\]"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {"scale": jnp.ones(24, jnp.float32)}, jnp.float32, ValueError,

@@ -117,6 +117,30 @@ def test_fused_matches_the_nodes_as_written(name):
         assert clamps(unfused.jit().lower(x).compile().as_text()) or name == "bn"
 
 
+def test_a_moved_forward_shares_its_large_convolutions():
+    # program.jit()'s small forward moves to cpu_device(1) at its first call where jax's CPU
+    # client runs more than one thread (program.may_move); XLA then runs it on one, and the
+    # kernel's large convolutions (a 7x7 stem of 7.4 MFLOP) go to two threads
+    # (cpu.kernel_threads); the same values as the program's unmoved forward
+    if jax.default_backend() != "cpu":
+        pytest.skip("the CPU kernel's threads")
+    from jaxops.cpu import cpu_device, xla_threads
+    from jaxops.onnx.program import may_move
+    m = _chain(c=3, o=64, k=7, extra_user=True)  # (XLA counts no FLOPs of a kernel alone)
+    x = np.random.default_rng(2).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    program = load(m)
+    moves = may_move(program.params)
+    forward = program.jit()
+    got = forward(x)
+    assert (forward._device is cpu_device(1)) == moves
+    text = forward._fn.lower(jax.device_put(x, forward._device)).as_text()
+    threads = min(2, xla_threads()) if moves else 1
+    assert text.count(f"threads = {threads} ") == 1, text.count("threads = ")
+    want = jax.jit(program)(program.params, x)  # traced weights: one thread
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
 def test_bounds_from_the_data_run_the_nodes_formula():
     m = _chain(act="Clip", clip_from_input=True)
     x = np.random.default_rng(2).standard_normal((2, 8, 9, 9)).astype(np.float32)

@@ -14,11 +14,12 @@ constexpr const char* kOp = "conv_nhwc";
 // y = clamp(conv(x, w) * scale + shift, lo, hi) per output channel; scale and shift [O] are
 // read where `affine` is 1, shift alone (y = clamp(conv(x, w) + shift)) where it is 2. w is
 // [KH, KW, C / groups, O], or (rank 5) its panels as pack_weights lays them out,
-// [groups, panels of O / groups, KH, KW * C / groups, 16].
+// [groups, panels of O / groups, KH, KW * C / groups, 16]. threads: 1, or (more) the calling
+// thread and the process's helper thread (jaxops/helper.h) share a large one.
 ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                      ffi::AnyBuffer shift, ffi::Result<ffi::AnyBuffer> y, int64_t sh, int64_t sw,
                      int64_t dh, int64_t dw, int64_t ph, int64_t pw, int64_t groups,
-                     int64_t affine, float lo, float hi, int64_t isa) {
+                     int64_t affine, float lo, float hi, int64_t isa, int64_t threads) {
   // types first: a registered target is public (jaxops/checks.h)
   constexpr Types kF32 = types_of({DataType::F32});
   for (auto [what, t] : {std::pair{"x", x.element_type()}, std::pair{"w", w.element_type()},
@@ -53,9 +54,10 @@ ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
   e.lo = lo, e.hi = hi;
   if (isa < 0 || isa > int64_t(Isa::kAvx512))
     return invalid(kOp, "isa must be 0 (the best the CPU has), 1 (generic), 2 (AVX2), 3 (AVX-512)");
+  if (threads < 1) return invalid(kOp, "threads must be >= 1");
   if (y->element_count() > 0)
     convolve(g, x.reinterpret_data<float>(), w.reinterpret_data<float>(),
-             y->reinterpret_data<float>(), e, Isa(isa), packed);
+             y->reinterpret_data<float>(), e, Isa(isa), packed, threads);
   return ffi::Error::Success();
 }
 
@@ -78,7 +80,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvNhwcCpu, conv_nhwc,
                                   .Attr<int64_t>("affine")
                                   .Attr<float>("lo")
                                   .Attr<float>("hi")
-                                  .Attr<int64_t>("isa"));
+                                  .Attr<int64_t>("isa")
+                                  .Attr<int64_t>("threads"));
 
 void register_handlers(Registry& r) { r.add("jaxops_conv_nhwc", ConvNhwcCpu); }
 

@@ -31,7 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from jaxops._src.disable import disabled, routed_to_xla
-from jaxops.cpu import cpu_device, jit_options, jit_options_for, xla_threads
+from jaxops.cpu import cpu_device, jit_options, jit_options_for, kernel_threads_as, xla_threads
 from jaxops.onnx import functions, registry, signature
 from jaxops.onnx import precision as _precision
 from jaxops.onnx.errors import OnnxImportError
@@ -599,11 +599,13 @@ class Program:
         self._check_params(params)
         params = _on_device(params)
 
-        def jitted(params, device, args=None, kwargs=None, **placed):
+        def jitted(params, device, args=None, kwargs=None, kernel_threads=1, **placed):
             # (device: where the params are, None: default; args, kwargs: a call's arguments,
-            # whose jaxpr jit_options reads on a one-thread CPU)
+            # whose jaxpr jit_options reads on a one-thread CPU; kernel_threads: jaxops' CPU
+            # kernels' threads in the trace)
             def forward(*args, **kwargs):
-                return self(params, *args, **kwargs)
+                with kernel_threads_as(kernel_threads):
+                    return self(params, *args, **kwargs)
             options = jit_options(device) if args is None else \
                 jit_options_for(device, forward, args, kwargs)
             return jax.jit(forward, **placed, **options)
@@ -612,7 +614,8 @@ class Program:
             one = cpu_device(1)
             params_one = {k: jax.device_put(v, one) if isinstance(v, jax.Array) else v
                           for k, v in params.items()}
-            return jitted(params_one, one, args, kwargs,
+            # (XLA runs it on one thread now: jaxops' kernels may use the process's others)
+            return jitted(params_one, one, args, kwargs, kernel_threads=xla_threads(),
                           out_shardings=jax.sharding.SingleDeviceSharding(one)), one
         home = next((d for x in params.values() if isinstance(x, jax.Array)
                      for d in x.devices()), None)

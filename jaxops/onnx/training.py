@@ -33,6 +33,7 @@ loop of steps, as one jitted function: `train_core.Trainer(module.core, optimize
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import MutableMapping
 
@@ -40,7 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxops.cpu import concurrent_scheduler, cpu_device, jit_options, jit_options_for, xla_threads
+from jaxops.cpu import (concurrent_scheduler, cpu_device, jit_options, jit_options_for,
+                        kernel_threads_as, xla_threads)
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
 from jaxops.onnx.program import POLL_MAX_FLOPS, cost, may_move, polls, wait_polling
@@ -302,6 +304,15 @@ class _Steps:
         return fn
 
 
+def _traced_with_threads(step, threads):
+    """step, its trace under kernel_threads_as(threads)."""
+    @functools.wraps(step)
+    def traced(*args, **kwargs):
+        with kernel_threads_as(threads):
+            return step(*args, **kwargs)
+    return traced
+
+
 # A step this small (XLA's cost analysis; the corpus's train steps are 2.3-11 MFLOP, ResNet's 555:
 # jaxops/onnx/program.py's POLL_MAX_FLOPS) runs faster on one thread than with XLA's pool.
 SMALL_FLOPS = POLL_MAX_FLOPS
@@ -362,6 +373,7 @@ class Module:
         ts = state.train_state
         self._may_move = ((device is None or str(device).lower() == "cpu") and placed is device
                           and may_move(ts))
+        self._kernel_threads = 1  # jaxops' CPU kernels' threads in the steps (_move_if_small)
         self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn,
                                   precision=precision)
         self._reset = False  # gradients are zero already: accumulating into them is the same
@@ -404,11 +416,14 @@ class Module:
         if not 0 <= flops * (1 if kind == "train" else 3) <= SMALL_FLOPS:
             return False
         self._use_device(cpu_device(1))
+        # XLA runs the steps on one thread now: jaxops' CPU kernels may use the process's others
+        self._kernel_threads = xla_threads()
         return True
 
     def _jit(self, step, args, **kwargs):
         """jax.jit of a step with this Module's placement and jit_options (which read the
-        step's jaxpr on `args` on a one-thread CPU)."""
+        step's jaxpr on `args` on a one-thread CPU), traced under its kernel_threads."""
+        step = _traced_with_threads(step, self._kernel_threads)
         return jax.jit(step, **kwargs, **self._place, **jit_options_for(self._device, step, args))
 
     def _make_step(self, kind, static, args):

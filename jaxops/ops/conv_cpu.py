@@ -20,6 +20,7 @@ from jax import lax
 
 from jaxops._src import geometry
 from jaxops._src.op import Factors, Op, batch_at_front
+from jaxops.cpu import kernel_threads
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
 # The kernel's tile code (conv.h's Isa): a name or 0 -> the attribute's value.
@@ -71,7 +72,7 @@ def _kernel_shape(x, w, scale, groups):
 
 
 def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=0,
-           lo=-np.inf, hi=np.inf, isa=0):
+           lo=-np.inf, hi=np.inf, isa=0, threads=1):
     if any(a.dtype != jnp.float32 for a in (x, w, scale, shift)):
         raise TypeError(f"x, w, scale and shift must be float32, got {x.dtype}, {w.dtype}, "
                         f"{scale.dtype} and {shift.dtype}")
@@ -83,6 +84,8 @@ def _shape(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=
         raise ValueError(f"the clamp needs lo <= hi, got {lo} and {hi}")
     if isa not in ISAS:
         raise ValueError(f"isa must be one of {list(ISAS)}, got {isa!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     if min(*strides, *dilations) < 1 or min(p for pair in padding for p in pair) < 0:
         raise ValueError(f"strides {strides} and dilations {dilations} must be >= 1 and "
                          f"padding {padding} >= 0")
@@ -103,7 +106,7 @@ def _clamp(y, lo, hi):
 
 
 def _reference(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=0,
-               lo=-np.inf, hi=np.inf, isa=0):
+               lo=-np.inf, hi=np.inf, isa=0, threads=1):
     if w.ndim == 5:
         w = unpack_weights(w, x.shape[3] // groups, scale.shape[0])
     y = lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations,
@@ -126,11 +129,11 @@ def _batch(op, args, dims, **params):
 
 
 def _ffi_attrs(x, w, scale, shift, *, strides, dilations, padding, groups=1, affine=0,
-               lo=-np.inf, hi=np.inf, isa=0):
+               lo=-np.inf, hi=np.inf, isa=0, threads=1):
     (sh, sw), (dh, dw), ((ph, _), (pw, _)) = strides, dilations, padding
     ints = {name: np.int64(v) for name, v in zip(
-        ("sh", "sw", "dh", "dw", "ph", "pw", "groups", "affine", "isa"),
-        (sh, sw, dh, dw, ph, pw, groups, int(affine), ISAS[isa]))}
+        ("sh", "sw", "dh", "dw", "ph", "pw", "groups", "affine", "isa", "threads"),
+        (sh, sw, dh, dw, ph, pw, groups, int(affine), ISAS[isa], threads))}
     return {**ints, "lo": np.float32(lo), "hi": np.float32(hi)}
 
 
@@ -156,7 +159,7 @@ conv_nhwc_op = Op("conv_nhwc", shape=_shape, reference=_reference, batch=_batch,
 
 
 def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=None,
-              lo=-np.inf, hi=np.inf, isa=0, out_channels=None):
+              lo=-np.inf, hi=np.inf, isa=0, out_channels=None, threads=1):
     """y [N, OH, OW, O] = clamp(x [N, H, W, C] (*) w [KH, KW, C / groups, O] * scale + shift,
     lo, hi), f32 (w may come as pack_weights(w, groups), rank 5, with O as out_channels),
     padding ((lo, hi), (lo, hi)) with every pad >= 0 (output channel j reads the input
@@ -181,7 +184,7 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
         scale = shift
     return conv_nhwc_op(x, w, scale, shift, strides=tuple(strides), dilations=tuple(dilations),
                         padding=tuple(map(tuple, padding)), groups=int(groups), affine=affine,
-                        lo=float(lo), hi=float(hi), isa=isa)
+                        lo=float(lo), hi=float(hi), isa=isa, threads=threads)
 
 
 # The largest convolution the kernel takes (FLOPs): it runs on the calling thread, and above
@@ -225,7 +228,9 @@ def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
     in x's dtype (f16/bf16 computed in f32, rounded once); the epilogue as conv_nhwc's.
     constant_w: w is a constant of the program (program.jit()'s closed-over params), so its
     panels are packed here, where XLA folds them, not by the kernel each call (DeepLabV3's
-    forward: its 13 kernel convolutions pack 112K weights a call)."""
+    forward: its 13 kernel convolutions pack 112K weights a call). Two threads where
+    jaxops.cpu.kernel_threads() allows them (ORT's session at its defaults runs its
+    convolutions on every core)."""
     dtype = x.dtype
     o = w.shape[0]
     xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
@@ -234,7 +239,7 @@ def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
         wt = pack_weights(wt, groups)
     f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)
     y = conv_nhwc(xt, wt, strides, dilations, padding, groups, f32(scale), f32(shift), lo, hi,
-                  out_channels=o if constant_w else None)
+                  out_channels=o if constant_w else None, threads=min(2, kernel_threads()))
     return jnp.transpose(y, (0, 3, 1, 2)).astype(dtype)
 
 

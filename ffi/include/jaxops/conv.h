@@ -9,14 +9,18 @@
 // on AVX2, 12 x 32 on AVX-512, picked at run time). Where the pads cost much (a dilated 3x3
 // on a small map reads pads at most of its taps, a 7x7 stem at a tenth), the outputs go in
 // bands of those whose taps inside x are the same, and a tile computes only its bands' taps.
+// A large one may be shared with a helper thread (helper.h), chunk by chunk of its outputs.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "jaxops/helper.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -383,15 +387,21 @@ inline bool copy_pays(const Geometry& g) {
          double(g.n) * double(g.oh) * double(g.ow) * double(g.patch());
 }
 
-// x copied into a zero border wide enough for every tap of g (its pads and the end overhang
-// oh, ow imply), and the geometry of reading that copy without pads: the patch rows then come
-// from whole kernel rows, where at the image border pack_patches copied tap by tap (DeepLabV3's
-// 3-channel 7x7 stem: 62.9 -> 56.9 us on one AVX-512 core, the copy included).
-inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& copy) {
+// The geometry of reading padded()'s copy of x: no pads, x as large as every tap of g needs.
+inline Geometry padded_geometry(const Geometry& g) {
   Geometry p = g;
   p.ph = p.pw = 0;
   p.h = int64_t(padded_h(g));  // exact: copy_pays bounded them by the patch rows' size
   p.w = int64_t(padded_w(g));
+  return p;
+}
+
+// x copied into a zero border wide enough for every tap of g (its pads and the end overhang
+// oh, ow imply), read as padded_geometry(g): the patch rows then come from whole kernel
+// rows, where at the image border pack_patches copied tap by tap (DeepLabV3's 3-channel 7x7
+// stem: 62.9 -> 56.9 us on one AVX-512 core, the copy included).
+inline void padded(const Geometry& g, const float* x, std::vector<float>& copy) {
+  const Geometry p = padded_geometry(g);
   const int64_t line = p.w * p.c, left = g.pw * g.c, inner = g.w * g.c;
   copy.resize(p.n * p.h * line);
   float* out = copy.data();
@@ -406,7 +416,6 @@ inline Geometry padded(const Geometry& g, const float* x, std::vector<float>& co
       std::memcpy(out + left, x + (b * g.h + iy) * inner, sizeof(float) * inner);
       std::fill(out + left + inner, out + line, 0.f);
     }
-  return p;
 }
 
 // The spans of one axis (outputs `out`, stride s, begin pad p, dilation d, kernel k, input
@@ -501,27 +510,94 @@ inline Patches in_place_patches(const Geometry& g, const Band& band, const float
 // How much cheaper (cost) than computing every tap a tiling by bands must be to be taken.
 constexpr double kSplitGain = 0.97;
 
-// y = conv(x, w) over the whole batch, on the calling thread, with the tile code of `isa`; w
-// [KH, KW, C / G, O], or (`packed`) already pack_weights' panels.
+// Where a chunk of pixels starts: band bi's c-th pixel.
+struct Start {
+  size_t bi;
+  int64_t c;
+};
+
+// The chunk of at most `size` pixels from s (images, rows, columns of a band, band after band
+// where merged; size whole tiles), s moved past it; its pixels' first taps, where they go in y
+// and their bands written where `base` is given. Returns its pixel count.
+inline int64_t next_chunk(const Geometry& g, const Band* bands, size_t count, bool merged,
+                          int64_t size, Start& s, Tap* base, int64_t* outs, int64_t* owner) {
+  int64_t chunk = 0;
+  while (chunk < size && s.bi < count) {
+    const Band& band = bands[s.bi];
+    const int64_t width = band.x.o1 - band.x.o0, height = band.y.o1 - band.y.o0;
+    const int64_t pixels = band.pixels(g.n), take = std::min<int64_t>(size - chunk, pixels - s.c);
+    if (base) {
+      int64_t b = s.c / width / height, oy = band.y.o0 + s.c / width % height,
+              ox = band.x.o0 + s.c % width;
+      for (int64_t q = chunk; q < chunk + take;) {
+        const int64_t iy = oy * g.sh - g.ph + band.y.k0 * g.dh, y0 = (b * g.oh + oy) * g.ow;
+        const int64_t end = std::min(band.x.o1, ox + chunk + take - q);
+        for (; ox < end; ++ox, ++q)
+          base[q] = {b, iy, ox * g.sw - g.pw + band.x.k0 * g.dw}, outs[q] = (y0 + ox) * g.o,
+          owner[q] = int64_t(s.bi);
+        ox = band.x.o0;
+        if (++oy == band.y.o1) oy = band.y.o0, ++b;
+      }
+    }
+    chunk += take, s.c += take;
+    if (s.c == pixels) {
+      ++s.bi, s.c = 0;
+      if (!merged) break;  // a band's tiles of its own
+    }
+  }
+  return chunk;
+}
+
+// What a thread's chunks use: the pixels' first taps, outputs and bands, the packed rows, and
+// its own zero-bordered copy of x (made at its first chunk of call `copied`: where the helper
+// read the caller's copy, both threads ran their halves of DeepLabV3's stem 1.45x slower
+// than one thread its whole, 2026-12-03, the copy's lines moving between the cores).
+struct Scratch {
+  std::vector<Tap> base = std::vector<Tap>(kChunk);
+  std::vector<int64_t> outs = std::vector<int64_t>(kChunk), owner = std::vector<int64_t>(kChunk);
+  std::vector<float> a, copy;
+  uint64_t copied = 0;
+
+  static Scratch& mine() {
+    thread_local Scratch scratch;
+    return scratch;
+  }
+  static void trim() {  // a thread keeps at most 1 MiB of each between calls
+    Scratch& s = mine();
+    for (auto* v : {&s.a, &s.copy})
+      if (v->capacity() > (size_t(1) << 18)) std::vector<float>().swap(*v), s.copied = 0;
+  }
+};
+
+// The smallest convolution (FLOPs) shared with the helper thread, and the pixels a claim of
+// it. Header bench, one AVX-512 core against two, 2026-12-03: DeepLabV3's 7x7 stem (9.6 MFLOP)
+// 55.4 -> 33.5 us, its 3x3 of 64 -> 16 channels on 8x8 (2.4 MFLOP) 16.7 -> 11.3 us; smaller
+// ones gain less than the hand-over and the other core's copy of x cost.
+constexpr int64_t kShareFlops = 1 << 21, kShareChunk = 24;
+
+// y = conv(x, w) over the whole batch, on the calling thread (and, `threads` > 1, a helper
+// thread: helper.h), with the tile code of `isa`; w [KH, KW, C / G, O], or (`packed`) already
+// pack_weights' panels. Every output is computed by the same tile whatever the threads.
 // The outputs go in bands whose taps inside x are the same, on the axes where that saves work
 // over computing the taps that read the zero pads (cost), and a tile computes the taps of its
 // bands: DeepLabV3's dilated 3x3s at 4x4 read x at 4 of their 9 taps, its 7x7 stem at 9 of 10.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
-                     const Epilogue& e = {}, Isa isa = Isa::kBest, bool packed = false) {
+                     const Epilogue& e = {}, Isa isa = Isa::kBest, bool packed = false,
+                     int64_t threads = 1) {
   // the scratch of this thread's last call, kept: allocating and zeroing it every call cost
   // ~1 us of DeepLabV3's 3x3s (every element is written before it is read) ...
-  thread_local std::vector<float> copy, panels, a;
+  thread_local std::vector<float> panels;
   thread_local std::vector<Span> ys, xs;
   thread_local std::vector<Band> bands;
-  thread_local std::vector<Tap> base(kChunk);  // where a pixel's first tap of its band reads
-  thread_local std::vector<int64_t> outs(kChunk), owner(kChunk);  // where it goes, its band
+  thread_local std::vector<Start> starts;
   struct Trim {  // ... unless large: a thread keeps at most 1 MiB of it between calls
     ~Trim() {
-      for (auto* v : {&copy, &panels, &a})
-        if (v->capacity() > (size_t(1) << 18)) std::vector<float>().swap(*v);
+      if (panels.capacity() > (size_t(1) << 18)) std::vector<float>().swap(panels);
+      Scratch::trim();
       for (auto* v : {&ys, &xs})
         if (v->capacity() > 1024) std::vector<Span>().swap(*v);
       if (bands.capacity() > 1024) std::vector<Band>().swap(bands);
+      if (starts.capacity() > 1024) std::vector<Start>().swap(starts);
     }
   } trim;
   const Geometry& o = geometry;  // as given; g below: as read (padded()'s where it copies)
@@ -560,57 +636,48 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   // tile of one band's pixels may also, without the copy).
   const bool bands_inside = in_y && in_x && !merged;
   const bool pad = o.dw == 1 && !bands_inside && copy_pays(o), every_inside = pad || bands_inside;
-  const Geometry g = pad ? padded(o, x, copy) : o;
-  if (pad) x = copy.data();
+  const Geometry g = pad ? padded_geometry(o) : o;
+  static std::atomic<uint64_t> calls{0};
+  const uint64_t call = pad ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   // One group, undilated kernel rows, every tap of a tile inside x (or its copy): the tile
   // reads its patch rows where they lie, unpacked (one AVX-512 core, 2026-11-29: DeepLabV3's
   // 3x3 of 64 channels on 8x8 28.6 -> 24.4 us, MobileNetV3's 3-channel 3x3 stem 9.6 -> 7.4 us)
   const bool rows_in_place = g.groups == 1 && g.dw == 1;
-  const float* rows_at[kMaxRows];
+  const bool packs = !(rows_in_place && every_inside);
   const int64_t k = g.k(), count = panels_of(g);
   if (!packed && panels.size() < size_t(g.groups * count * k * kCols))
     panels.resize(g.groups * count * k * kCols);
-  if (!(rows_in_place && every_inside) && a.size() < size_t(t.rows * g.patch()))
-    a.resize(t.rows * g.patch());
   if (!packed) pack_weights(g, w, panels.data());
   bands.clear();
   for (const Span sy : ys)
     for (const Span sx : xs) bands.push_back({sy, sx});
-  // the scratch as plain pointers in the loops (in a shared library a thread_local may be
-  // looked up through __tls_get_addr where it is used)
-  Tap* const base_at = base.data();
-  int64_t *const out_at = outs.data(), *const band_of = owner.data();
   const Band* const band_list = bands.data();
   const size_t band_count = bands.size();
-  float* const rows_packed = a.data();
   const float* const weights = packed ? w : panels.data();
-  size_t bi = 0;
-  int64_t c = 0;  // the next pixel: band bi's c-th
-  while (bi < band_count) {
-    // the next chunk of pixels (images, rows, columns of a band, band after band where
-    // merged): where their first taps read x, where they go in y, their bands
-    int64_t chunk = 0;
-    while (chunk < kChunk && bi < band_count) {
-      const Band& band = band_list[bi];
-      const int64_t width = band.x.o1 - band.x.o0, height = band.y.o1 - band.y.o0;
-      const int64_t pixels = band.pixels(g.n), take = std::min<int64_t>(kChunk - chunk, pixels - c);
-      int64_t b = c / width / height, oy = band.y.o0 + c / width % height,
-              ox = band.x.o0 + c % width;
-      for (int64_t q = chunk; q < chunk + take;) {
-        const int64_t iy = oy * g.sh - g.ph + band.y.k0 * g.dh, y0 = (b * g.oh + oy) * g.ow;
-        const int64_t end = std::min(band.x.o1, ox + chunk + take - q);
-        for (; ox < end; ++ox, ++q)
-          base_at[q] = {b, iy, ox * g.sw - g.pw + band.x.k0 * g.dw},
-          out_at[q] = (y0 + ox) * g.o, band_of[q] = int64_t(bi);
-        ox = band.x.o0;
-        if (++oy == band.y.o1) oy = band.y.o0, ++b;
-      }
-      chunk += take, c += take;
-      if (c == pixels) {
-        ++bi, c = 0;
-        if (!merged) break;  // a band's tiles of its own
-      }
-    }
+  // the chunks: claimed one by one where they are shared, large otherwise
+  const bool shared = threads > 1 && 2 * double(g.n) * double(g.oh) * double(g.ow) *
+                                         double(g.o) * double(k) >= double(kShareFlops);
+  const int64_t size = shared ? kShareChunk : kChunk;
+  starts.clear();
+  for (Start s{0, 0}; s.bi < band_count;) {
+    starts.push_back(s);
+    next_chunk(g, band_list, band_count, merged, size, s, nullptr, nullptr, nullptr);
+  }
+  const Start* const chunk_starts = starts.data();
+  const auto run_chunk = [&](int64_t i) {
+    Scratch& scratch = Scratch::mine();
+    if (packs && scratch.a.size() < size_t(t.rows * g.patch())) scratch.a.resize(t.rows * g.patch());
+    if (pad && scratch.copied != call) padded(o, x, scratch.copy), scratch.copied = call;
+    const float* const x_read = pad ? scratch.copy.data() : x;
+    // the scratch as plain pointers in the loops (in a shared library a thread_local may be
+    // looked up through __tls_get_addr where it is used)
+    Tap* const base_at = scratch.base.data();
+    int64_t *const out_at = scratch.outs.data(), *const band_of = scratch.owner.data();
+    float* const rows_packed = scratch.a.data();
+    Start s = chunk_starts[i];
+    const int64_t chunk =
+        next_chunk(g, band_list, band_count, merged, size, s, base_at, out_at, band_of);
+    const float* rows_at[kMaxRows];
     for (int64_t q0 = 0; q0 < chunk; q0 += t.rows) {
       const int rows = int(std::min<int64_t>(t.rows, chunk - q0));
       // the tile's taps: its band's, or the union of its bands' that have any (a band's
@@ -634,10 +701,10 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
       if (in_place) {
         for (int r = 0; r < t.rows; ++r) {
           const Tap& p = at[r < rows ? r : 0];
-          rows_at[r] = x + ((p.b * g.h + p.iy) * g.w + p.ix) * g.c;
+          rows_at[r] = x_read + ((p.b * g.h + p.iy) * g.w + p.ix) * g.c;
         }
       } else if (tile.taps()) {
-        (inside ? t.unchecked : t.checked)(g, tile, x, at, rows, t.rows, rows_packed);
+        (inside ? t.unchecked : t.checked)(g, tile, x_read, at, rows, t.rows, rows_packed);
       }
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         int64_t first;
@@ -655,7 +722,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
         }
       }
     }
-  }
+  };
+  helper::share(int64_t(starts.size()), run_chunk, shared ? threads : 1, Scratch::trim);
 }
 
 }  // namespace jaxops::conv

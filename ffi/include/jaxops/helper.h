@@ -1,0 +1,189 @@
+// A second thread for the CPU kernels that run on XLA's calling thread (conv.h): share(units,
+// work) runs work(i) for every i < units, claimed one at a time by the calling thread (from
+// the front) and by one helper thread of the process (from the back), and returns when all are done. ORT's inference session at
+// its defaults runs a convolution on two threads; XLA:CPU runs a custom call on one.
+//
+// The helper polls for kSpin after its last unit (a forward's kernels come ~20-200 us apart,
+// and waking a sleeping thread costs more than that on a VM), then sleeps. The caller never
+// waits for a helper that has not started: it claims every unit left and takes the job back,
+// so a late, descheduled or absent helper costs at most the caller's own time. Where the
+// process may run on one CPU only, another caller holds the helper, the thread cannot be
+// started, or after a fork (the child has no helper thread), everything runs on the caller.
+#pragma once
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+namespace jaxops::helper {
+
+constexpr auto kSpin = std::chrono::milliseconds(2);
+
+inline void pause() {
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_pause();
+#endif
+}
+
+// One shared job: the caller claims units from the front, the helper from the back (each
+// then reads and writes its own part of the data, which other threads wrote before: moving
+// it between cores cost the helper more than its half of the work where the two took turns);
+// `finished` set by the helper when it took the job and is done with it (and has run `tidy`,
+// where given: what a thread does after its last unit of a job).
+struct Job {
+  void (*run)(const void* work, int64_t unit);
+  const void* work;
+  void (*tidy)() = nullptr;
+  std::atomic<uint64_t> range;  // the units left: [front, back), front in the high half
+  std::atomic<bool> finished{false};
+
+  int cpu = sched_getcpu();  // the caller's
+
+  Job(void (*run)(const void*, int64_t), const void* work, uint32_t units)
+      : run(run), work(work), range(units) {}
+
+  int64_t claim(bool from_back) {  // -1: none left
+    uint64_t r = range.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t front = uint32_t(r >> 32), back = uint32_t(r);
+      if (front >= back) return -1;
+      const uint64_t left = from_back ? (r - 1) : (r + (uint64_t(1) << 32));
+      if (range.compare_exchange_weak(r, left, std::memory_order_relaxed))
+        return from_back ? back - 1 : front;
+    }
+  }
+
+  void drain(bool from_back = false) {
+    for (int64_t i; (i = claim(from_back)) >= 0;) run(work, i);
+  }
+};
+
+class Helper {
+ public:
+  // The process's helper, or null where there is none to have (one CPU, after a fork: a
+  // new one is made for the child).
+  static Helper* get() {
+    static std::atomic<Helper*> current{nullptr};
+    Helper* h = current.load(std::memory_order_acquire);
+    if (h && h->pid_ == getpid()) return h->cpus_ > 1 ? h : nullptr;
+    Helper* fresh = new Helper;  // (never freed: its thread may outlive any owner)
+    if (current.compare_exchange_strong(h, fresh, std::memory_order_acq_rel)) h = fresh;
+    else delete fresh;  // another thread made it first (its thread not started yet)
+    return h->cpus_ > 1 && h->pid_ == getpid() ? h : nullptr;
+  }
+
+  // Runs job on this thread and the helper; false where the helper is busy or cannot start
+  // (the job is then untouched).
+  bool run(Job& job) {
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock() || !start()) return false;
+    job_.store(&job, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst)) {
+      { std::lock_guard<std::mutex> lock(m_); }
+      wake_.notify_one();
+    }
+    job.drain();
+    // take the job back; where the helper took it first, wait for its unit in progress
+    if (job_.exchange(nullptr, std::memory_order_acq_rel) != &job) {
+      for (int spins = 0; !job.finished.load(std::memory_order_acquire); ++spins) {
+        if (spins < 64) pause();
+        else sched_yield();  // (the helper may be on this CPU)
+      }
+    }
+    return true;
+  }
+
+ private:
+  Helper() : pid_(getpid()) {
+    cpu_set_t set;
+    cpus_ = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  }
+
+  bool start() {  // (under busy_)
+    if (started_) return true;
+    try {
+      std::thread([this] { loop(); }).detach();
+    } catch (...) {  // (no thread to be had: the caller runs alone)
+      return false;
+    }
+    return started_ = true;
+  }
+
+  // The next job: polled for kSpin, yielding the CPU between polls (a helper woken onto the
+  // caller's CPU then leaves it to the caller), then waited for asleep.
+  Job* wait() {
+    auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int polls = 0;; ++polls) {
+      if (job_.load(std::memory_order_relaxed))  // (read-only until there is one)
+        if (Job* j = job_.exchange(nullptr, std::memory_order_acq_rel)) return j;
+      sched_yield();
+      if (polls % 16 || std::chrono::steady_clock::now() < until) continue;
+      std::unique_lock<std::mutex> lock(m_);
+      sleeping_.store(true, std::memory_order_seq_cst);
+      wake_.wait(lock, [this] { return job_.load(std::memory_order_seq_cst) != nullptr; });
+      sleeping_.store(false, std::memory_order_relaxed);
+      until = std::chrono::steady_clock::now() + kSpin;
+    }
+  }
+
+  // Where the helper runs on the caller's CPU, it moves to another one it may run on: a helper
+  // woken from sleep was placed there (on this KVM guest), and ran only when the caller's time
+  // slice ended: DeepLabV3's forward shared nothing after an idle wait. Its own CPU mask
+  // stays as it was.
+  void leave(int cpu) {
+    if (cpu < 0 || sched_getcpu() != cpu) return;
+    cpu_set_t mask;
+    if (sched_getaffinity(0, sizeof mask, &mask) != 0 || !CPU_ISSET(cpu, &mask)) return;
+    cpu_set_t others = mask;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0 || sched_setaffinity(0, sizeof others, &others) != 0) return;
+    sched_setaffinity(0, sizeof mask, &mask);  // (moved now; free to move again later)
+  }
+
+  void loop() {
+    for (;;) {
+      Job* j = wait();
+      leave(j->cpu);
+      j->drain(true);
+      if (j->tidy) j->tidy();
+      j->finished.store(true, std::memory_order_release);
+    }
+  }
+
+  pid_t pid_;
+  int cpus_ = 1;
+  bool started_ = false;
+  std::mutex busy_;  // one sharing caller at a time
+  std::mutex m_;
+  std::condition_variable wake_;
+  std::atomic<Job*> job_{nullptr};
+  std::atomic<bool> sleeping_{false};
+};
+
+// work(i) for every i in [0, units): on this thread alone where `threads` < 2, units < 2 or
+// there is no free helper, else shared with the helper, which then runs tidy() after its
+// last unit (the caller's own tidying is its own).
+template <class F>
+void share(int64_t units, const F& work, int64_t threads, void (*tidy)() = nullptr) {
+  const auto run = [](const void* w, int64_t i) { (*static_cast<const F*>(w))(i); };
+  if (threads < 2 || units < 2 || units > int64_t(UINT32_MAX)) {
+    for (int64_t i = 0; i < units; ++i) run(&work, i);
+    return;
+  }
+  Job job(run, &work, uint32_t(units));
+  job.tidy = tidy;
+  Helper* h = Helper::get();
+  if (!h || !h->run(job)) job.drain();
+}
+
+}  // namespace jaxops::helper

@@ -63,6 +63,11 @@ struct Job {
     }
   }
 
+  bool any_left() const {
+    const uint64_t r = range.load(std::memory_order_relaxed);
+    return uint32_t(r >> 32) < uint32_t(r);
+  }
+
   void drain(bool from_back = false) {
     for (int64_t i; (i = claim(from_back)) >= 0;) run(work, i);
   }
@@ -153,7 +158,7 @@ class Helper {
   void loop() {
     for (;;) {
       Job* j = wait();
-      leave(j->cpu);
+      if (j->any_left()) leave(j->cpu);  // (else the caller waits for finished)
       j->drain(true);
       if (j->tidy) j->tidy();
       j->finished.store(true, std::memory_order_release);

@@ -104,7 +104,8 @@ _SCRIPT = textwrap.dedent(r'''
                                        arr((8,), t), arr((8,), t)],
                 dict(sh=np.int64(1), sw=np.int64(1), dh=np.int64(1), dw=np.int64(1),
                      ph=np.int64(0), pw=np.int64(0), groups=np.int64(1), affine=np.int64(1),
-                     lo=np.float32(0), hi=np.float32(np.inf), isa=np.int64(0)))
+                     lo=np.float32(0), hi=np.float32(np.inf), isa=np.int64(0),
+                     threads=np.int64(1)))
 
     def depthwise(role):  # x [2, 3, 5, 5] by w [6, 1, 3, 3] (multiplier 2), pads 1
         shapes = {"y": (2, 6, 5, 5), "x": (2, 3, 5, 5), "w": (6, 1, 3, 3)}

@@ -666,7 +666,8 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const Start* const chunk_starts = starts.data();
   const auto run_chunk = [&](int64_t i) {
     Scratch& scratch = Scratch::mine();
-    if (packs && scratch.a.size() < size_t(t.rows * g.patch())) scratch.a.resize(t.rows * g.patch());
+    if (packs && scratch.a.size() < size_t(t.rows * g.patch()))
+      scratch.a.resize(t.rows * g.patch());
     if (pad && scratch.copied != call) padded(o, x, scratch.copy), scratch.copied = call;
     const float* const x_read = pad ? scratch.copy.data() : x;
     // the scratch as plain pointers in the loops (in a shared library a thread_local may be

@@ -1,7 +1,8 @@
 // A second thread for the CPU kernels that run on XLA's calling thread (conv.h): share(units,
 // work) runs work(i) for every i < units, claimed one at a time by the calling thread (from
-// the front) and by one helper thread of the process (from the back), and returns when all are done. ORT's inference session at
-// its defaults runs a convolution on two threads; XLA:CPU runs a custom call on one.
+// the front) and by one helper thread of the process (from the back), and returns when all
+// are done. ORT's inference session at its defaults runs a convolution on two threads;
+// XLA:CPU runs a custom call on one.
 //
 // The helper polls for kSpin after its last unit (a forward's kernels come ~20-200 us apart,
 // and waking a sleeping thread costs more than that on a VM), then sleeps. The caller never

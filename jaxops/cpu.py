@@ -146,6 +146,15 @@ def kernel_threads_as(threads: int):
         _KERNEL_THREADS.reset(token)
 
 
+def traced_with_kernel_threads(fn, threads: int):
+    """fn, traced (called) under kernel_threads_as(threads): what jax.jit takes."""
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with kernel_threads_as(threads):
+            return fn(*args, **kwargs)
+    return traced
+
+
 def concurrent_scheduler() -> bool:
     """Whether XLA:CPU schedules this process's programs for concurrency (XLA's default: where
     the user's XLA_FLAGS or JAXOPS_DISABLE=memory_scheduler keep it), not to minimize memory

@@ -109,14 +109,13 @@ def test_session_options_give_the_module_a_client_of_its_own():
     assert all(x.devices() == {one._device} for x in params.values())
     # jaxops' CPU kernels run one thread where XLA's client has the cores (the session's);
     # a Module that moved to cpu_device(1) by itself traces its steps with the process's count
-    from jaxops.cpu import kernel_threads
-    from jaxops.onnx.training import _traced_with_threads
+    from jaxops.cpu import kernel_threads, traced_with_kernel_threads
     assert one._kernel_threads == three._kernel_threads == default._kernel_threads == 1
     moving = _module(None)
     moving(x, y)
     assert moving._device is jaxops.cpu_device(1) and moving._kernel_threads == xla_threads()
     seen = []
-    jax.jit(_traced_with_threads(lambda v: seen.append(kernel_threads()) or v, 3))(1.0)
+    jax.jit(traced_with_kernel_threads(lambda v: seen.append(kernel_threads()) or v, 3))(1.0)
     assert seen == [3] and kernel_threads() == 1
 
 

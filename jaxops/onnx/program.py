@@ -31,7 +31,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from jaxops._src.disable import disabled, routed_to_xla
-from jaxops.cpu import cpu_device, jit_options, jit_options_for, kernel_threads_as, xla_threads
+from jaxops.cpu import (cpu_device, jit_options, jit_options_for, traced_with_kernel_threads,
+                        xla_threads)
 from jaxops.onnx import functions, registry, signature
 from jaxops.onnx import precision as _precision
 from jaxops.onnx.errors import OnnxImportError
@@ -604,8 +605,8 @@ class Program:
             # whose jaxpr jit_options reads on a one-thread CPU; kernel_threads: jaxops' CPU
             # kernels' threads in the trace)
             def forward(*args, **kwargs):
-                with kernel_threads_as(kernel_threads):
-                    return self(params, *args, **kwargs)
+                return self(params, *args, **kwargs)
+            forward = traced_with_kernel_threads(forward, kernel_threads)
             options = jit_options(device) if args is None else \
                 jit_options_for(device, forward, args, kwargs)
             return jax.jit(forward, **placed, **options)

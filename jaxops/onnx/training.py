@@ -33,7 +33,6 @@ loop of steps, as one jitted function: `train_core.Trainer(module.core, optimize
 """
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import MutableMapping
 
@@ -42,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops.cpu import (concurrent_scheduler, cpu_device, jit_options, jit_options_for,
-                        kernel_threads_as, xla_threads)
+                        traced_with_kernel_threads, xla_threads)
 from jaxops.onnx import checkpoint as ckpt_format
 from jaxops.onnx.packed import PackedState
 from jaxops.onnx.program import POLL_MAX_FLOPS, cost, may_move, polls, wait_polling
@@ -304,15 +303,6 @@ class _Steps:
         return fn
 
 
-def _traced_with_threads(step, threads):
-    """step, its trace under kernel_threads_as(threads)."""
-    @functools.wraps(step)
-    def traced(*args, **kwargs):
-        with kernel_threads_as(threads):
-            return step(*args, **kwargs)
-    return traced
-
-
 # A step this small (XLA's cost analysis; the corpus's train steps are 2.3-11 MFLOP, ResNet's 555:
 # jaxops/onnx/program.py's POLL_MAX_FLOPS) runs faster on one thread than with XLA's pool.
 SMALL_FLOPS = POLL_MAX_FLOPS
@@ -423,7 +413,7 @@ class Module:
     def _jit(self, step, args, **kwargs):
         """jax.jit of a step with this Module's placement and jit_options (which read the
         step's jaxpr on `args` on a one-thread CPU), traced under its kernel_threads."""
-        step = _traced_with_threads(step, self._kernel_threads)
+        step = traced_with_kernel_threads(step, self._kernel_threads)
         return jax.jit(step, **kwargs, **self._place, **jit_options_for(self._device, step, args))
 
     def _make_step(self, kind, static, args):

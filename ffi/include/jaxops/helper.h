@@ -81,10 +81,11 @@ class Helper {
   static Helper* get() {
     static std::atomic<Helper*> current{nullptr};
     Helper* h = current.load(std::memory_order_acquire);
-    if (h && h->pid_ == getpid()) return h->cpus_ > 1 ? h : nullptr;
-    Helper* fresh = new Helper;  // (never freed: its thread may outlive any owner)
-    if (current.compare_exchange_strong(h, fresh, std::memory_order_acq_rel)) h = fresh;
-    else delete fresh;  // another thread made it first (its thread not started yet)
+    if (!h || h->pid_ != getpid()) {
+      Helper* fresh = new Helper;  // (never freed: its thread may outlive any owner)
+      if (current.compare_exchange_strong(h, fresh, std::memory_order_acq_rel)) h = fresh;
+      else delete fresh;  // another thread made it first (its thread not started yet)
+    }
     return h->cpus_ > 1 && h->pid_ == getpid() ? h : nullptr;
   }
 
@@ -181,12 +182,12 @@ class Helper {
 // last unit (the caller's own tidying is its own).
 template <class F>
 void share(int64_t units, const F& work, int64_t threads, void (*tidy)() = nullptr) {
-  const auto run = [](const void* w, int64_t i) { (*static_cast<const F*>(w))(i); };
   if (threads < 2 || units < 2 || units > int64_t(UINT32_MAX)) {
-    for (int64_t i = 0; i < units; ++i) run(&work, i);
+    for (int64_t i = 0; i < units; ++i) work(i);
     return;
   }
-  Job job(run, &work, uint32_t(units));
+  Job job([](const void* w, int64_t i) { (*static_cast<const F*>(w))(i); }, &work,
+          uint32_t(units));
   job.tidy = tidy;
   Helper* h = Helper::get();
   if (!h || !h->run(job)) job.drain();

@@ -112,6 +112,18 @@ inline void pack_weights(const Geometry& g, const float* w, float* panels) {
     }
 }
 
+// pack_weights into `buf` (grown as needed) at a 64-byte boundary, as XLA places a packed
+// constant: a tile's 16-float loads then each read one cache line (DeepLabV3's stem with its
+// panels 16 bytes off a line took 54.6 us against 47.9, one AVX-512 core, 2026-12-04).
+inline const float* pack_aligned(const Geometry& g, const float* w, std::vector<float>& buf) {
+  const size_t size = size_t(g.groups * panels_of(g) * g.k() * kCols) + kCols;
+  if (buf.size() < size) buf.resize(size);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(buf.data());
+  float* const panels = reinterpret_cast<float*>((at + 63) & ~uintptr_t(63));
+  pack_weights(g, w, panels);
+  return panels;
+}
+
 // How far the taps of `out` outputs reach along one axis (stride s, kernel k, dilation d),
 // in doubles: the attributes could be any size, and their products must not wrap.
 inline double extent(int64_t out, int64_t s, int64_t k, int64_t d) {
@@ -651,23 +663,12 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const bool rows_in_place = g.groups == 1 && g.dw == 1;
   const bool packs = !(rows_in_place && every_inside);
   const int64_t k = g.k(), count = panels_of(g);
-  // the panels at a 64-byte boundary, as XLA places a packed constant: a tile's 16-float
-  // loads then each read one cache line (DeepLabV3's stem with its panels 16 bytes off a
-  // line took 54.6 us against 47.9, one AVX-512 core, header bench, 2026-12-04)
-  float* own = nullptr;
-  if (!packed) {
-    const size_t need = size_t(g.groups * count * k * kCols) + kCols;
-    if (panels.size() < need) panels.resize(need);
-    const uintptr_t at = reinterpret_cast<uintptr_t>(panels.data());
-    own = reinterpret_cast<float*>((at + 63) & ~uintptr_t(63));
-    pack_weights(g, w, own);
-  }
   bands.clear();
   for (const Span sy : ys)
     for (const Span sx : xs) bands.push_back({sy, sx});
   const Band* const band_list = bands.data();
   const size_t band_count = bands.size();
-  const float* const weights = packed ? w : own;
+  const float* const weights = packed ? w : pack_aligned(g, w, panels);
   // the chunks: claimed one by one where they are shared, large otherwise
   const bool shared = threads > 1 && 2 * double(g.n) * double(g.oh) * double(g.ow) *
                                          double(g.o) * double(k) >= double(kShareFlops);

@@ -451,3 +451,22 @@ def test_channels_last_depthwise_reads_its_constant_weight_as_one_buffer(rng):
         return
     constants = f.lower(x).compile().as_text().split("ENTRY")[1].count(" constant(")
     assert constants <= (1 if _barrier_differentiates() else 9)
+
+
+def test_channels_last_1x1s_transpose_only_at_the_ends(rng):
+    """Two channels-last 1x1 convolutions in a row (program.jit()'s constant weights) transpose
+    x to channels last once and the result back once: a 1x1's patches are x as it lies, where
+    the blocks' unit axes had kept XLA from cancelling the transposes between them (each 1x1
+    copied its input twice); the values are XLA's convolutions'."""
+    w1 = jnp.asarray(rng.standard_normal((24, 16, 1, 1)), jnp.float32)
+    w2 = jnp.asarray(rng.standard_normal((8, 24, 1, 1)), jnp.float32)
+    args = ((1, 1), [(0, 0)] * 2, (1, 1), 1)
+    ours = lambda x, w: conv_general(x, w, *args, dense=True, channels_last=True)  # noqa: E731
+    theirs = lambda x, w: xla_conv(x, w, *args, None)  # noqa: E731
+    f = jax.jit(lambda x: ours(jnp.maximum(ours(x, w1), 0), w2))
+    x = jnp.asarray(rng.standard_normal((2, 16, 8, 8)), jnp.float32)
+    want = theirs(jnp.maximum(theirs(x, w1), 0), w2)
+    np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
+    if jax.default_backend() == "cpu":
+        text = f.lower(x).compile().as_text()
+        assert text.count("transpose(") == 2 and text.count(" copy(") == 2, text

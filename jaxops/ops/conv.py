@@ -134,8 +134,10 @@ def windowed_conv(x, w, strides, padding, dilations, group, lhs_dilation=None, p
     taps = math.prod(kernel)
     w = w.reshape(c_out, c_group, taps)
     if c_group > 1 and _patchify(kernel, strides, padding, dilations) and lhs_dilation == (1,) * n:
-        # [N, C * K, pixels] as stacking the windows would give it, by one transpose
-        patches = jnp.moveaxis(_blocks(x, kernel, out), range(2, 2 + n), range(2 + n, 2 + 2 * n))
+        # [N, C * K, pixels] as stacking the windows would give it, by one transpose (a 1x1:
+        # x as it lies)
+        patches = x if taps == 1 else jnp.moveaxis(_blocks(x, kernel, out), range(2, 2 + n),
+                                                   range(2 + n, 2 + 2 * n))
         patches = patches.reshape(n_batch, x.shape[1] * taps, -1)
         return _matmul(patches, w, group, out, precision).astype(dtype)
     windows = _tap_windows(xp, kernel, out, strides, dilations)
@@ -223,8 +225,11 @@ def _channels_last(x, w, strides, padding, dilations, group, lhs_dilation, preci
         y = _materialized(functools.reduce(jnp.add, terms))  # once: see windowed_conv
         return jnp.transpose(y, (0, n + 1, *range(1, n + 1))).astype(dtype)
     if _patchify(kernel, strides, padding, dilations) and lhs_dilation == (1,) * n:
-        # [N, *out, *kernel, C]: the windows' [pixels, K, C] by one transpose (see _blocks)
-        patches = jnp.moveaxis(_blocks(x, kernel, out), 1, -1).reshape(-1, taps, x.shape[1])
+        # [N, *out, *kernel, C]: the windows' [pixels, K, C] by one transpose (see _blocks); a
+        # 1x1's by the transpose to channels last alone, which cancels the one before it (its
+        # blocks' unit axes kept XLA from cancelling them: DeepLabV3's 1x1s each copied x twice)
+        patches = jnp.moveaxis(x if taps == 1 else _blocks(x, kernel, out), 1, -1)
+        patches = patches.reshape(-1, taps, x.shape[1])
     else:
         patches = jnp.stack(_channels_last_windows(x, kernel, out, strides, padding, dilations,
                                                    lhs_dilation), axis=-2)

@@ -200,7 +200,13 @@ def largest_dot_flops(jaxpr) -> int:
     return most
 
 
-def jit_options(device: jax.Device | None = None, jaxpr=None) -> dict:
+# LLVM's preferred vector width for XLA's own code (its fusions) in a one-thread forward
+# (jit_options' forward=True): XLA's default, 256 bits, leaves half of an AVX-512 register unused
+# on the 16-64 channels of the corpus's convolution models
+_VECTOR_OPTION = "xla_cpu_prefer_vector_width"
+
+
+def jit_options(device: jax.Device | None = None, jaxpr=None, *, forward: bool = False) -> dict:
     """jax.jit's keyword arguments for a program placed on `device` (None: jax's default
     device): on a CPU whose XLA client runs one intra-op thread, XLA's single-threaded Eigen
     kernels. With the multi-threaded ones XLA:CPU hands each Eigen matmul (the transposed
@@ -211,21 +217,30 @@ def jit_options(device: jax.Device | None = None, jaxpr=None) -> dict:
     (2026-11-29, A/B in one process; docs/performance.md, seventeenth session).
     `jaxpr` (where given: a function of no arguments that returns the program's jaxpr, called
     only for such a device): if its matmuls are all at most YNN_MAX_DOT_FLOPS, XLA's own dots
-    instead of YNNPACK fusions (eighteenth session)."""
+    instead of YNNPACK fusions (eighteenth session).
+    `forward`: the program is program.jit()'s forward (weights as constants), whose fusions
+    XLA then vectorizes 512 bits wide where the CPU has AVX-512 (_VECTOR_OPTION): every
+    forward.onnx of the corpus ran 3-8% faster so (one core, in-process A/B, 2026-12-04;
+    docs/performance.md, thirtieth session), where the Module's steps measured 0.93-1.08x
+    the time, BERT's eval and ResNet's train step slower (not given to them)."""
     device = jax.devices()[0] if device is None else device
     if device.platform != "cpu" or xla_threads(device) != 1:
         return {}
     options = {"xla_cpu_multi_thread_eigen": False}
+    if forward:
+        options[_VECTOR_OPTION] = 512
     if (jaxpr is not None and _ynn_option_known(device)
             and largest_dot_flops(jaxpr()) <= YNN_MAX_DOT_FLOPS):
         options[_YNN_OPTION] = ""
     return {"compiler_options": options}
 
 
-def jit_options_for(device: jax.Device | None, fn, args, kwargs=None) -> dict:
+def jit_options_for(device: jax.Device | None, fn, args, kwargs=None, *,
+                    forward: bool = False) -> dict:
     """jit_options for `fn` called on `args` (and `kwargs`): its jaxpr there, traced only
     where jit_options reads it (a one-thread CPU)."""
-    return jit_options(device, lambda: jax.make_jaxpr(fn)(*args, **(kwargs or {})))
+    return jit_options(device, lambda: jax.make_jaxpr(fn)(*args, **(kwargs or {})),
+                       forward=forward)
 
 
 def _check_threads(fn: str, threads) -> int:

@@ -374,6 +374,11 @@ def test_jit_options_leave_small_matmuls_to_xla_on_one_thread():
     assert "xla_cpu_experimental_ynn_fusion_type" not in \
         jit_options(one, lambda: big)["compiler_options"]
     assert jit_options(jaxops.cpu_device(3), lambda: 1 / 0) == {}
+    # program.jit()'s forwards (forward=True) vectorize XLA's fusions 512 bits wide, others not
+    assert jit_options(one, forward=True)["compiler_options"]["xla_cpu_prefer_vector_width"] \
+        == 512
+    assert "xla_cpu_prefer_vector_width" not in jit_options(one)["compiler_options"]
+    assert jit_options(jaxops.cpu_device(3), forward=True) == {}
     # jit_options_for traces the function on the arguments it is given
     matmul = lambda a, b: a @ b  # noqa: E731
     assert jit_options_for(one, matmul, (jnp.ones((4, 8)), jnp.ones((8, 4)))) == \

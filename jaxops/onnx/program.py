@@ -607,8 +607,8 @@ class Program:
             def forward(*args, **kwargs):
                 return self(params, *args, **kwargs)
             forward = traced_with_kernel_threads(forward, kernel_threads)
-            options = jit_options(device) if args is None else \
-                jit_options_for(device, forward, args, kwargs)
+            options = jit_options(device, forward=True) if args is None else \
+                jit_options_for(device, forward, args, kwargs, forward=True)
             return jax.jit(forward, **placed, **options)
 
         def move(args, kwargs):  # (the outputs' sharding places the program, numpy params too)

@@ -192,6 +192,22 @@ def test_threads_follow_kernel_threads():
             pass
 
 
+def test_large_ones_take_the_helper_wherever_xla_has_two_threads(monkeypatch):
+    # above MAX_FLOPS (ResNet's 154 MFLOP stem): two threads where XLA:CPU runs two, whatever
+    # kernel_threads() says (1: a program on XLA's own pool), one where XLA runs one
+    x = jnp.zeros((2, 3, 128, 128), jnp.float32)
+    w = jnp.zeros((64, 3, 7, 7), jnp.float32)
+    assert conv_cpu.large(x.shape, w.shape, (2, 2), (1, 1), ((3, 3), (3, 3)), 1)
+    assert not conv_cpu.large((2, 3, 32, 32), w.shape, (2, 2), (1, 1), ((3, 3), (3, 3)), 1)
+
+    def threads_in_hlo():
+        f = jax.jit(lambda x, w: conv_cpu.conv_nchw(x, w, (2, 2), (1, 1), ((3, 3), (3, 3))))
+        return int(f.lower(x, w).as_text().split("threads = ")[1].split(" ")[0])
+    for xla, want in ((1, 1), (2, 2)):
+        monkeypatch.setattr(conv_cpu, "xla_threads", lambda xla=xla: xla)
+        assert threads_in_hlo() == want, xla
+
+
 @pytest.mark.parametrize("x_shape, w_shape, params, dtype, error, match", [
     ((2, 8, 8, 16), (3, 3, 16, 24), {}, jnp.float64, TypeError, "float32"),
     ((2, 8, 8, 16), (3, 3, 16, 24), {}, jnp.int32, TypeError, "float32"),
@@ -284,10 +300,15 @@ def _lowered(platform, x_shape, w_shape, strides, padding, dilations=(1, 1), dty
     ((2, 16, 16, 16), (16, 8, 3, 3), (2, 2), [(1, 1)] * 2, True),    # groups of 8
     ((2, 16, 16, 16), (32, 1, 3, 3), (1, 1), [(1, 1)] * 2, False),   # depthwise (x2)
     ((2, 3, 32, 32), (16, 3, 4, 4), (4, 4), [(0, 0)] * 2, False),    # patchify: a reorder
-    ((2, 3, 128, 128), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, False),  # 154 MFLOP: XLA's threads
+    ((2, 3, 128, 128), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, "large"),  # 154 MFLOP
 ])
-def test_conv_general_takes_it_where_chosen(x_shape, w_shape, strides, padding, taken):
-    assert ("jaxops_conv_nhwc" in _lowered("cpu", x_shape, w_shape, strides, padding)) == taken
+def test_conv_general_takes_it_where_chosen(monkeypatch, x_shape, w_shape, strides, padding,
+                                            taken):
+    # above MAX_FLOPS only where XLA:CPU runs at most two threads (the kernel's most)
+    for xla, want in ((1, True), (2, True), (3, False)) if taken == "large" else ((2, taken),):
+        monkeypatch.setattr(conv_cpu, "xla_threads", lambda xla=xla: xla)
+        assert ("jaxops_conv_nhwc" in _lowered("cpu", x_shape, w_shape, strides, padding)) \
+            == want, xla
     # not without channels_last (a training graph's), in f64, nor on a GPU
     assert "jaxops_conv_nhwc" not in _lowered("cpu", x_shape, w_shape, strides, padding,
                                               channels_last=False)

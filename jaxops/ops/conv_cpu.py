@@ -20,7 +20,7 @@ from jax import lax
 
 from jaxops._src import geometry
 from jaxops._src.op import Factors, Op, batch_at_front
-from jaxops.cpu import kernel_threads
+from jaxops.cpu import kernel_threads, xla_threads
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
 # The kernel's tile code (conv.h's Isa): a name or 0 -> the attribute's value.
@@ -187,17 +187,32 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
                         lo=float(lo), hi=float(hi), isa=isa, threads=threads)
 
 
-# The largest convolution the kernel takes (FLOPs): it runs on the calling thread, and above
-# this XLA's convolution, which spreads over the cores, won at all threads (ResNet's forward,
-# 3-channel 7x7 stem of 154 MFLOP and a 38 MFLOP 3x3 on 128x128 images: 1.29-1.48x ORT's
-# time with them on the kernel, 0.72-0.84x before, 2 threads; one core level either way).
+# The largest convolution the kernel takes (FLOPs) where XLA:CPU runs more than two threads:
+# the kernel runs on at most two (the calling thread and the helper), XLA's convolution over
+# every core. Where XLA has at most two, the kernel takes the larger ones too and shares them
+# with the helper wherever XLA has two (large: the hand-over is small against them): ResNet's
+# eval (a 3-channel 7x7 stem of 154 MFLOP and a 38 MFLOP 3x3 on 128x128 images) 1.83-1.95 ->
+# 1.60-1.66 ms at 2 threads, 2.28 -> 1.94 ms on one core (-ts and -dynamo, in-process A/B,
+# 2026-12-04). (Before the helper, on the calling thread alone, such ones ran 1.29-1.48x
+# ORT's time at 2 threads.)
 MAX_FLOPS = 1 << 24
+
+
+def large(x_shape, w_shape, strides, dilations, padding, group) -> bool:
+    """Whether a 2-D convolution of x [N, C, H, W] by w [O, C / group, KH, KW] takes more
+    than MAX_FLOPS."""
+    out = [(size + lo + hi - (k - 1) * d - 1) // s + 1 for size, k, s, d, (lo, hi)
+           in zip(x_shape[2:], w_shape[2:], strides, dilations, padding)]
+    flops = 2 * x_shape[0] * math.prod(out) * w_shape[0] * (x_shape[1] // group) \
+        * math.prod(w_shape[2:])
+    return flops > MAX_FLOPS
 
 
 def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> bool:
     """Whether conv_general's channels-last CPU path takes the kernel for x [N, C, H, W] and
     w [O, C / group, KH, KW] (ONNX layouts): 2-D, f32 or narrower floats (computed in f32),
-    pads >= 0, no input dilation, at most MAX_FLOPS, group 1 or groups of >= 4 output
+    pads >= 0, no input dilation, at most MAX_FLOPS where XLA:CPU runs more than two threads
+    (jaxops.cpu.xla_threads()), group 1 or groups of >= 4 output
     channels, patch rows of > 16 values; not where a matmul of x as it lies does better (1x1,
     non-overlapping windows).
     DeepLabV3's forward (a 3-channel 7x7 stem and 3x3s on 4x4 and 8x8 maps) ran 0.81-0.87x the
@@ -215,11 +230,7 @@ def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> boo
             and min(p for pair in padding for p in pair) >= 0
             and (lhs_dilation is None or all(d == 1 for d in lhs_dilation))):
         return False
-    out = [(size + lo + hi - (k - 1) * d - 1) // s + 1 for size, k, s, d, (lo, hi)
-           in zip(x.shape[2:], kernel, strides, dilations, padding)]
-    flops = 2 * x.shape[0] * math.prod(out) * w_shape[0] * (x.shape[1] // group) \
-        * math.prod(kernel)
-    return flops <= MAX_FLOPS
+    return xla_threads() <= 2 or not large(x.shape, w_shape, strides, dilations, padding, group)
 
 
 def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=None,
@@ -230,16 +241,18 @@ def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
     panels are packed here, where XLA folds them, not by the kernel each call (DeepLabV3's
     forward: its 13 kernel convolutions pack 112K weights a call). Two threads where
     jaxops.cpu.kernel_threads() allows them (ORT's session at its defaults runs its
-    convolutions on every core)."""
+    convolutions on every core), and for one above MAX_FLOPS wherever XLA has two."""
     dtype = x.dtype
     o = w.shape[0]
+    threads = min(2, xla_threads() if large(x.shape, w.shape, strides, dilations, padding, groups)
+                  else kernel_threads())
     xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
     wt = jnp.transpose(w.astype(jnp.float32), (2, 3, 1, 0))
     if constant_w:
         wt = pack_weights(wt, groups)
     f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)
     y = conv_nhwc(xt, wt, strides, dilations, padding, groups, f32(scale), f32(shift), lo, hi,
-                  out_channels=o if constant_w else None, threads=min(2, kernel_threads()))
+                  out_channels=o if constant_w else None, threads=threads)
     return jnp.transpose(y, (0, 3, 1, 2)).astype(dtype)
 
 

@@ -131,8 +131,8 @@ class Helper {
   // caller's CPU then leaves it to the caller), then waited for asleep until a job is posted;
   // woken, it polls again whether or not that job is still there. (Waking takes longer than a
   // job lasts on this KVM guest: a helper that waited for a job it could still take went back
-  // to sleep at nearly every post, and took 420 of the 800 jobs of DeepLabV3's 400 forwards
-  // in loops of 9, each loop after a 3 ms sleep; woken by any post, 589. 2026-12-04.)
+  // to sleep at nearly every post, and took 396-455 of the 800 jobs of DeepLabV3's 400
+  // forwards in loops of 9, each loop after a 3 ms sleep; woken by any post, 589. 2026-12-04.)
   Job* wait() {
     auto until = std::chrono::steady_clock::now() + kSpin;
     for (int polls = 0;; ++polls) {

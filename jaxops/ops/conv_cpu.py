@@ -244,8 +244,10 @@ def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
     convolutions on every core), and for one above MAX_FLOPS wherever XLA has two."""
     dtype = x.dtype
     o = w.shape[0]
-    threads = min(2, xla_threads() if large(x.shape, w.shape, strides, dilations, padding, groups)
-                  else kernel_threads())
+    threads = kernel_threads()
+    if large(x.shape, w.shape, strides, dilations, padding, groups):
+        threads = max(threads, xla_threads())
+    threads = min(2, threads)
     xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
     wt = jnp.transpose(w.astype(jnp.float32), (2, 3, 1, 0))
     if constant_w:

@@ -1,20 +1,21 @@
-// A second thread for the CPU kernels that run on XLA's calling thread (conv.h): share(units,
-// work) runs work(i) for every i < units, claimed one at a time by the calling thread (from
-// the front) and by one helper thread of the process (from the back), and returns when all
-// are done. ORT's inference session at its defaults runs a convolution on two threads;
-// XLA:CPU runs a custom call on one.
+// Helper threads for the CPU kernels that run on XLA's calling thread (conv.h): share(units,
+// work, threads) runs work(i) for every i < units, claimed one at a time by the calling thread
+// (from the front) and by up to threads - 1 helper threads of the process (from the back),
+// and returns when all are done. ORT's inference session at its defaults runs a convolution
+// on every core; XLA:CPU runs a custom call on one.
 //
-// The helper polls for kSpin after its last unit (a forward's kernels come ~20-200 us apart,
+// A helper polls for kSpin after its last unit (a forward's kernels come ~20-200 us apart,
 // and waking a sleeping thread costs more than that on a VM), then sleeps. The caller never
-// waits for a helper that has not started: it claims every unit left and takes the job back,
-// so a late, descheduled or absent helper costs at most the caller's own time. Where the
-// process may run on one CPU only, another caller holds the helper, the thread cannot be
-// started, or after a fork (the child has no helper thread), everything runs on the caller.
+// waits for a helper that has not started on its job: it claims every unit left and takes the
+// job back, so a late, descheduled or absent helper costs at most the caller's own time.
+// Where the process may run on one CPU only, another caller holds the helpers, no thread can
+// be started, or after a fork (the child has no helper threads), everything runs on the caller.
 #pragma once
 
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +30,7 @@
 namespace jaxops::helper {
 
 constexpr auto kSpin = std::chrono::milliseconds(2);
+constexpr int kMaxHelpers = 63;  // a job's most (with the caller: 64 threads)
 
 inline void pause() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -36,17 +38,17 @@ inline void pause() {
 #endif
 }
 
-// One shared job: the caller claims units from the front, the helper from the back (each
+// One shared job: the caller claims units from the front, the helpers from the back (each
 // then reads and writes its own part of the data, which other threads wrote before: moving
-// it between cores cost the helper more than its half of the work where the two took turns);
-// `finished` set by the helper when it took the job and is done with it (and has run `tidy`,
+// it between cores cost a helper more than its half of the work where two took turns);
+// `finished` counts the helpers that took the job and are done with it (and have run `tidy`,
 // where given: what a thread does after its last unit of a job).
 struct Job {
   void (*run)(const void* work, int64_t unit);
   const void* work;
   void (*tidy)() = nullptr;
   std::atomic<uint64_t> range;  // the units left: [front, back), front in the high half
-  std::atomic<bool> finished{false};
+  std::atomic<int> finished{0};
 
   int cpu = sched_getcpu();  // the caller's
 
@@ -74,89 +76,107 @@ struct Job {
   }
 };
 
-class Helper {
+// The process's helper threads, started as jobs first ask for them and never stopped; each
+// takes a job from a slot of its own, so that a job's caller knows which helpers took it.
+class Helpers {
  public:
-  // The process's helper, or null where there is none to have (one CPU, after a fork: a
-  // new one is made for the child).
-  static Helper* get() {
-    static std::atomic<Helper*> current{nullptr};
-    Helper* h = current.load(std::memory_order_acquire);
+  // The process's helpers, or null where there are none to have (one CPU, after a fork: new
+  // ones are made for the child).
+  static Helpers* get() {
+    static std::atomic<Helpers*> current{nullptr};
+    Helpers* h = current.load(std::memory_order_acquire);
     if (!h || h->pid_ != getpid()) {
-      Helper* fresh = new Helper;  // (never freed: its thread may outlive any owner)
+      Helpers* fresh = new Helpers;  // (never freed: its threads may outlive any owner)
       if (current.compare_exchange_strong(h, fresh, std::memory_order_acq_rel)) h = fresh;
-      else delete fresh;  // another thread made it first (its thread not started yet)
+      else delete fresh;  // another thread made them first (no thread started yet)
     }
     return h->cpus_ > 1 && h->pid_ == getpid() ? h : nullptr;
   }
 
-  // Runs job on this thread and the helper; false where the helper is busy or cannot start
-  // (the job is then untouched).
-  bool run(Job& job) {
+  // Runs job on this thread and up to `wanted` helpers (at most one fewer than the CPUs the
+  // process may use); false where another caller holds them or none can start (the job is
+  // then untouched).
+  bool run(Job& job, int64_t wanted) {
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (!busy.owns_lock() || !start()) return false;
-    job_.store(&job, std::memory_order_seq_cst);
+    if (!busy.owns_lock()) return false;
+    const int64_t most = std::min<int64_t>({wanted, cpus_ - 1, kMaxHelpers});
+    int helpers = 0;
+    while (helpers < most && start(helpers)) ++helpers;
+    if (helpers == 0) return false;
+    for (int i = 0; i < helpers; ++i) slots_[i].store(&job, std::memory_order_seq_cst);
+    asked_.store(helpers, std::memory_order_seq_cst);
     posted_.fetch_add(1, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst)) {
       { std::lock_guard<std::mutex> lock(m_); }
-      wake_.notify_one();
+      wake_.notify_all();
     }
     job.drain();
-    // take the job back; where the helper took it first, wait for its unit in progress
-    if (job_.exchange(nullptr, std::memory_order_acq_rel) != &job) {
-      for (int spins = 0; !job.finished.load(std::memory_order_acquire); ++spins) {
-        if (spins < 64) pause();
-        else sched_yield();  // (the helper may be on this CPU)
-      }
+    // take the job back from the helpers that have not taken it; wait for those that have
+    // (each for its unit in progress)
+    int took = 0;
+    for (int i = 0; i < helpers; ++i)
+      took += slots_[i].exchange(nullptr, std::memory_order_acq_rel) != &job;
+    for (int spins = 0; job.finished.load(std::memory_order_acquire) < took; ++spins) {
+      if (spins < 64) pause();
+      else sched_yield();  // (a helper may be on this CPU)
     }
     return true;
   }
 
  private:
-  Helper() : pid_(getpid()) {
+  Helpers() : pid_(getpid()) {
+#ifdef JAXOPS_HELPER_CPUS  // (tests/cpp/helper_test.cc: more helpers than the machine has CPUs)
+    cpus_ = JAXOPS_HELPER_CPUS;
+#else
     cpu_set_t set;
     cpus_ = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+#endif
   }
 
-  bool start() {  // (under busy_)
-    if (started_) return true;
+  bool start(int i) {  // (under busy_)
+    if (i < started_) return true;
     try {
-      std::thread([this] { loop(); }).detach();
-    } catch (...) {  // (no thread to be had: the caller runs alone)
+      std::thread([this, i] { loop(i); }).detach();
+    } catch (...) {  // (no thread to be had: the ones started so far take part)
       return false;
     }
-    return started_ = true;
+    started_ = i + 1;
+    return true;
   }
 
-  // The next job: polled for kSpin, yielding the CPU between polls (a helper woken onto the
-  // caller's CPU then leaves it to the caller), then waited for asleep until a job is posted;
-  // woken, it polls again whether or not that job is still there. (Waking takes longer than a
-  // job lasts on this KVM guest: a helper that waited for a job it could still take went back
-  // to sleep at nearly every post, and took 396-455 of the 800 jobs of DeepLabV3's 400
+  // Helper i's next job: polled for kSpin, yielding the CPU between polls (a helper woken onto
+  // the caller's CPU then leaves it to the caller), then waited for asleep until a job is
+  // posted for it or for as many helpers as it is (helpers 0 .. n - 1 of a job asking for n);
+  // woken, it polls again whether or not that job is still there. (Waking takes longer
+  // than a job lasts on this KVM guest: a helper that waited for a job it could still take went
+  // back to sleep at nearly every post, and took 396-455 of the 800 jobs of DeepLabV3's 400
   // forwards in loops of 9, each loop after a 3 ms sleep; woken by any post, 589. 2026-12-04.)
-  Job* wait() {
+  Job* wait(int i) {
+    std::atomic<Job*>& slot = slots_[i];
     auto until = std::chrono::steady_clock::now() + kSpin;
     for (int polls = 0;; ++polls) {
-      if (job_.load(std::memory_order_relaxed))  // (read-only until there is one)
-        if (Job* j = job_.exchange(nullptr, std::memory_order_acq_rel)) return j;
+      if (slot.load(std::memory_order_relaxed))  // (read-only until there is one)
+        if (Job* j = slot.exchange(nullptr, std::memory_order_acq_rel)) return j;
       sched_yield();
       if (polls % 16 || std::chrono::steady_clock::now() < until) continue;
       std::unique_lock<std::mutex> lock(m_);
       const uint64_t seen = posted_.load(std::memory_order_seq_cst);
-      sleeping_.store(true, std::memory_order_seq_cst);
+      sleeping_.fetch_add(1, std::memory_order_seq_cst);
       wake_.wait(lock, [&] {  // (a job posted before `seen` was read is still waited for)
-        return posted_.load(std::memory_order_seq_cst) != seen ||
-               job_.load(std::memory_order_seq_cst) != nullptr;
+        return slot.load(std::memory_order_seq_cst) != nullptr ||
+               (posted_.load(std::memory_order_seq_cst) != seen &&
+                asked_.load(std::memory_order_seq_cst) > i);
       });
-      sleeping_.store(false, std::memory_order_relaxed);
+      sleeping_.fetch_sub(1, std::memory_order_relaxed);
       until = std::chrono::steady_clock::now() + kSpin;
     }
   }
 
-  // Where the helper runs on the caller's CPU, it moves to another one it may run on: a helper
+  // Where a helper runs on the caller's CPU, it moves to another one it may run on: a helper
   // woken from sleep was placed there (on this KVM guest), and ran only when the caller's time
   // slice ended: DeepLabV3's forward shared nothing after an idle wait. Its own CPU mask
   // stays as it was.
-  void leave(int cpu) {
+  static void leave(int cpu) {
     if (cpu < 0 || sched_getcpu() != cpu) return;
     cpu_set_t mask;
     if (sched_getaffinity(0, sizeof mask, &mask) != 0 || !CPU_ISSET(cpu, &mask)) return;
@@ -166,30 +186,31 @@ class Helper {
     sched_setaffinity(0, sizeof mask, &mask);  // (moved now; free to move again later)
   }
 
-  void loop() {
+  void loop(int i) {
     for (;;) {
-      Job* j = wait();
+      Job* j = wait(i);
       if (j->any_left()) leave(j->cpu);  // (else the caller waits for finished)
       j->drain(true);
       if (j->tidy) j->tidy();
-      j->finished.store(true, std::memory_order_release);
+      j->finished.fetch_add(1, std::memory_order_release);
     }
   }
 
   pid_t pid_;
   int cpus_ = 1;
-  bool started_ = false;
+  int started_ = 0;  // helpers 0 .. started_ - 1 run (under busy_)
   std::mutex busy_;  // one sharing caller at a time
   std::mutex m_;
   std::condition_variable wake_;
-  std::atomic<Job*> job_{nullptr};
-  std::atomic<bool> sleeping_{false};
-  std::atomic<uint64_t> posted_{0};  // jobs posted so far (a sleeping helper wakes at the next)
+  std::atomic<Job*> slots_[kMaxHelpers] = {};
+  std::atomic<int> sleeping_{0};
+  std::atomic<uint64_t> posted_{0};  // jobs posted so far (sleeping helpers wake at the next)
+  std::atomic<int> asked_{0};  // the helpers the last job posted asked for
 };
 
 // work(i) for every i in [0, units): on this thread alone where `threads` < 2, units < 2 or
-// there is no free helper, else shared with the helper, which then runs tidy() after its
-// last unit (the caller's own tidying is its own).
+// no helper is free, else shared with up to threads - 1 helpers (no more than units - 1),
+// each of which then runs tidy() after its last unit (the caller's own tidying is its own).
 template <class F>
 void share(int64_t units, const F& work, int64_t threads, void (*tidy)() = nullptr) {
   if (threads < 2 || units < 2 || units > int64_t(UINT32_MAX)) {
@@ -199,8 +220,8 @@ void share(int64_t units, const F& work, int64_t threads, void (*tidy)() = nullp
   Job job([](const void* w, int64_t i) { (*static_cast<const F*>(w))(i); }, &work,
           uint32_t(units));
   job.tidy = tidy;
-  Helper* h = Helper::get();
-  if (!h || !h->run(job)) job.drain();
+  Helpers* h = Helpers::get();
+  if (!h || !h->run(job, std::min(threads, units) - 1)) job.drain();
 }
 
 }  // namespace jaxops::helper

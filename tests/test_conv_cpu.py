@@ -147,33 +147,34 @@ def test_sharded_images_without_gather(case):
     _close(f(x, w_placed), _ref(case)(x, w), np.prod(case[1][:3]))
 
 
+@pytest.mark.parametrize("threads", [2, 5])
 @pytest.mark.parametrize("isa", ["best", "avx2"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_two_threads_give_the_same_bits(case, isa):
-    # each case with enough images to be shared (conv.h's kShareFlops, 1 MFLOP; the two
-    # tiniest stay short of it), its chunks claimed by the calling and the helper thread:
-    # every output from the same tile as on one thread; packed weights and the epilogue too
+def test_more_threads_give_the_same_bits(case, isa, threads):
+    # each case with enough images to be shared (conv.h's kShareFlops, 2 MFLOP a thread; the
+    # two tiniest stay short of it), its chunks claimed by the calling and the helper threads
+    # (as many as the CPUs allow): every output from the same tile as on one thread; packed
+    # weights and the epilogue too
     out = jax.eval_shape(_kernel(case), *_inputs(case)).shape
     flops = 2 * np.prod(out) * np.prod(case[1][:3])
-    n = case[0][0] * min(128, -(-(1 << 20) // int(flops)))
+    n = case[0][0] * min(128, -(-(threads << 21) // int(flops)))  # threads' worth of FLOPs
     case = ((n, *case[0][1:]), *case[1:])
     x, w = _inputs(case, seed=5)
     o, groups = case[1][3], _params(case)["groups"]
     rng = np.random.default_rng(6)
     scale, shift = (jnp.asarray(rng.standard_normal(o), jnp.float32) for _ in range(2))
     one = jax.jit(_kernel(case, isa=isa, lo=-0.5))(x, w, scale, shift)
-    two = jax.jit(_kernel(case, isa=isa, lo=-0.5, threads=2))(x, w, scale, shift)
+    two = jax.jit(_kernel(case, isa=isa, lo=-0.5, threads=threads))(x, w, scale, shift)
     np.testing.assert_array_equal(np.asarray(one), np.asarray(two))
     packed = conv_cpu.pack_weights(w, groups)
     two_packed = jax.jit(lambda x, p: conv_cpu.conv_nhwc(
-        x, p, *case[2:5], groups, out_channels=o, threads=2))(x, packed)
+        x, p, *case[2:5], groups, out_channels=o, threads=threads))(x, packed)
     np.testing.assert_array_equal(np.asarray(two_packed),
                                   np.asarray(jax.jit(_kernel(case, isa=isa))(x, w)))
 
 
 def test_threads_follow_kernel_threads():
-    # conv_nchw's count: jaxops.cpu.kernel_threads() (1 unless kernel_threads_as says more; at
-    # most 2: the caller and the helper)
+    # conv_nchw's count: jaxops.cpu.kernel_threads() (1 unless kernel_threads_as says more)
     from jaxops.cpu import kernel_threads, kernel_threads_as
     x = jnp.zeros((2, 16, 8, 8), jnp.float32)
     w = jnp.zeros((24, 16, 3, 3), jnp.float32)
@@ -186,15 +187,15 @@ def test_threads_follow_kernel_threads():
     with kernel_threads_as(2):
         assert kernel_threads() == 2 and threads_in_hlo() == 2
     with kernel_threads_as(7):
-        assert threads_in_hlo() == 2
+        assert threads_in_hlo() == 7
     with pytest.raises(ValueError, match="threads"):
         with kernel_threads_as(0):
             pass
 
 
-def test_large_ones_take_the_helper_wherever_xla_has_two_threads(monkeypatch):
-    # above MAX_FLOPS (ResNet's 154 MFLOP stem): two threads where XLA:CPU runs two, whatever
-    # kernel_threads() says (1: a program on XLA's own pool), one where XLA runs one
+def test_large_ones_take_as_many_threads_as_xla_has(monkeypatch):
+    # above MAX_FLOPS (ResNet's 154 MFLOP stem): XLA:CPU's thread count, whatever
+    # kernel_threads() says (1: a program on XLA's own pool)
     x = jnp.zeros((2, 3, 128, 128), jnp.float32)
     w = jnp.zeros((64, 3, 7, 7), jnp.float32)
     assert conv_cpu.large(x.shape, w.shape, (2, 2), (1, 1), ((3, 3), (3, 3)), 1)
@@ -203,9 +204,9 @@ def test_large_ones_take_the_helper_wherever_xla_has_two_threads(monkeypatch):
     def threads_in_hlo():
         f = jax.jit(lambda x, w: conv_cpu.conv_nchw(x, w, (2, 2), (1, 1), ((3, 3), (3, 3))))
         return int(f.lower(x, w).as_text().split("threads = ")[1].split(" ")[0])
-    for xla, want in ((1, 1), (2, 2)):
+    for xla in (1, 2, 3, 16):
         monkeypatch.setattr(conv_cpu, "xla_threads", lambda xla=xla: xla)
-        assert threads_in_hlo() == want, xla
+        assert threads_in_hlo() == xla
 
 
 @pytest.mark.parametrize("x_shape, w_shape, params, dtype, error, match", [
@@ -300,15 +301,15 @@ def _lowered(platform, x_shape, w_shape, strides, padding, dilations=(1, 1), dty
     ((2, 16, 16, 16), (16, 8, 3, 3), (2, 2), [(1, 1)] * 2, True),    # groups of 8
     ((2, 16, 16, 16), (32, 1, 3, 3), (1, 1), [(1, 1)] * 2, False),   # depthwise (x2)
     ((2, 3, 32, 32), (16, 3, 4, 4), (4, 4), [(0, 0)] * 2, False),    # patchify: a reorder
-    ((2, 3, 128, 128), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, "large"),  # 154 MFLOP
+    ((2, 3, 128, 128), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, True),   # 154 MFLOP
 ])
 def test_conv_general_takes_it_where_chosen(monkeypatch, x_shape, w_shape, strides, padding,
                                             taken):
-    # above MAX_FLOPS only where XLA:CPU runs at most two threads (the kernel's most)
-    for xla, want in ((1, True), (2, True), (3, False)) if taken == "large" else ((2, taken),):
+    # whatever XLA:CPU's thread count (large ones too: they take as many helpers)
+    for xla in (1, 2, 16):
         monkeypatch.setattr(conv_cpu, "xla_threads", lambda xla=xla: xla)
         assert ("jaxops_conv_nhwc" in _lowered("cpu", x_shape, w_shape, strides, padding)) \
-            == want, xla
+            == taken, xla
     # not without channels_last (a training graph's), in f64, nor on a GPU
     assert "jaxops_conv_nhwc" not in _lowered("cpu", x_shape, w_shape, strides, padding,
                                               channels_last=False)

@@ -120,8 +120,8 @@ def test_fused_matches_the_nodes_as_written(name):
 def test_a_moved_forward_shares_its_large_convolutions():
     # program.jit()'s small forward moves to cpu_device(1) at its first call where jax's CPU
     # client runs more than one thread (program.may_move); XLA then runs it on one, and the
-    # kernel's large convolutions (a 7x7 stem of 7.4 MFLOP) go to two threads
-    # (cpu.kernel_threads); the same values as the program's unmoved forward
+    # kernel's large convolutions (a 7x7 stem of 7.4 MFLOP) may take as many threads as jax's
+    # client has (cpu.kernel_threads); the same values as the program's unmoved forward
     if jax.default_backend() != "cpu":
         pytest.skip("the CPU kernel's threads")
     from jaxops.cpu import cpu_device, xla_threads
@@ -134,7 +134,7 @@ def test_a_moved_forward_shares_its_large_convolutions():
     got = forward(x)
     assert (forward._device is cpu_device(1)) == moves
     text = forward._fn.lower(jax.device_put(x, forward._device)).as_text()
-    threads = min(2, xla_threads()) if moves else 1
+    threads = xla_threads() if moves else 1
     assert text.count(f"threads = {threads} ") == 1, text.count("threads = ")
     want = jax.jit(program)(program.params, x)  # traced weights: one thread
     for a, b in zip(got, want):

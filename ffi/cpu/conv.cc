@@ -15,7 +15,8 @@ constexpr const char* kOp = "conv_nhwc";
 // read where `affine` is 1, shift alone (y = clamp(conv(x, w) + shift)) where it is 2. w is
 // [KH, KW, C / groups, O], or (rank 5) its panels as pack_weights lays them out,
 // [groups, panels of O / groups, KH, KW * C / groups, 16]. threads: 1, or (more) the calling
-// thread and the process's helper thread (jaxops/helper.h) share a large one.
+// thread and up to threads - 1 of the process's helper threads (jaxops/helper.h) share a
+// large one.
 ffi::Error conv_nhwc(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                      ffi::AnyBuffer shift, ffi::Result<ffi::AnyBuffer> y, int64_t sh, int64_t sw,
                      int64_t dh, int64_t dw, int64_t ph, int64_t pw, int64_t groups,

@@ -187,14 +187,12 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
                         lo=float(lo), hi=float(hi), isa=isa, threads=threads)
 
 
-# The largest convolution the kernel takes (FLOPs) where XLA:CPU runs more than two threads:
-# the kernel runs on at most two (the calling thread and the helper), XLA's convolution over
-# every core. Where XLA has at most two, the kernel takes the larger ones too and shares them
-# with the helper wherever XLA has two (large: the hand-over is small against them): ResNet's
-# eval (a 3-channel 7x7 stem of 154 MFLOP and a 38 MFLOP 3x3 on 128x128 images) 1.83-1.95 ->
-# 1.60-1.66 ms at 2 threads, 2.28 -> 1.94 ms on one core (-ts and -dynamo, in-process A/B,
-# 2026-12-04). (Before the helper, on the calling thread alone, such ones ran 1.29-1.48x
-# ORT's time at 2 threads.)
+# The convolutions (FLOPs) above which the kernel runs on as many threads as XLA:CPU has
+# (helper threads of the process, one a 2 MFLOP: conv.h), wherever it runs: below it, on one
+# where the program runs on XLA's own pool (kernel_threads()). ResNet's eval (a 3-channel 7x7
+# stem of 154 MFLOP and a 38 MFLOP 3x3 on 128x128 images) 1.83-1.95 -> 1.60-1.66 ms at 2
+# threads, 2.28 -> 1.94 ms on one core (-ts and -dynamo, in-process A/B, 2026-12-04), where
+# XLA's own convolution took them.
 MAX_FLOPS = 1 << 24
 
 
@@ -211,10 +209,9 @@ def large(x_shape, w_shape, strides, dilations, padding, group) -> bool:
 def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> bool:
     """Whether conv_general's channels-last CPU path takes the kernel for x [N, C, H, W] and
     w [O, C / group, KH, KW] (ONNX layouts): 2-D, f32 or narrower floats (computed in f32),
-    pads >= 0, no input dilation, at most MAX_FLOPS where XLA:CPU runs more than two threads
-    (jaxops.cpu.xla_threads()), group 1 or groups of >= 4 output
-    channels, patch rows of > 16 values; not where a matmul of x as it lies does better (1x1,
-    non-overlapping windows).
+    pads >= 0, no input dilation, group 1 or groups of >= 4 output channels, patch rows of
+    > 16 values; not where a matmul of x as it lies does better (1x1, non-overlapping
+    windows).
     DeepLabV3's forward (a 3-channel 7x7 stem and 3x3s on 4x4 and 8x8 maps) ran 0.81-0.87x the
     time with it, one core (2026-11-25, interleaved A/B); with the 1x1s too, MobileNetV3's ran
     ~1.13x. Grouped ones (windowed_conv's im2col per group before): RegNetX-002's 0.33-0.56x
@@ -222,15 +219,13 @@ def applies(x, w_shape, strides, dilations, group, padding, lhs_dilation) -> boo
     3-channel 3x3 stem 0.82-0.84x, a 1-channel 5x5 0.89x, but a 1-channel 3x3 1.28x the time
     of its gather and matmul (one core, 2026-11-28)."""
     kernel = tuple(w_shape[2:])
-    if not ((group == 1 or w_shape[0] // group >= 4) and x.ndim == 4 and len(w_shape) == 4
+    return ((group == 1 or w_shape[0] // group >= 4) and x.ndim == 4 and len(w_shape) == 4
             and x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16)
             and kernel != (1, 1) and x.shape[1] // group * math.prod(kernel) > 16
             and not (tuple(strides) == kernel and all(d == 1 for d in dilations)
                      and all(p == (0, 0) for p in padding))
             and min(p for pair in padding for p in pair) >= 0
-            and (lhs_dilation is None or all(d == 1 for d in lhs_dilation))):
-        return False
-    return xla_threads() <= 2 or not large(x.shape, w_shape, strides, dilations, padding, group)
+            and (lhs_dilation is None or all(d == 1 for d in lhs_dilation)))
 
 
 def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=None,
@@ -239,15 +234,14 @@ def conv_nchw(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
     in x's dtype (f16/bf16 computed in f32, rounded once); the epilogue as conv_nhwc's.
     constant_w: w is a constant of the program (program.jit()'s closed-over params), so its
     panels are packed here, where XLA folds them, not by the kernel each call (DeepLabV3's
-    forward: its 13 kernel convolutions pack 112K weights a call). Two threads where
-    jaxops.cpu.kernel_threads() allows them (ORT's session at its defaults runs its
-    convolutions on every core), and for one above MAX_FLOPS wherever XLA has two."""
+    forward: its 13 kernel convolutions pack 112K weights a call). As many threads as
+    jaxops.cpu.kernel_threads() allows (ORT's session at its defaults runs its convolutions on
+    every core), and for one above MAX_FLOPS as many as XLA:CPU has (xla_threads())."""
     dtype = x.dtype
     o = w.shape[0]
     threads = kernel_threads()
     if large(x.shape, w.shape, strides, dilations, padding, groups):
         threads = max(threads, xla_threads())
-    threads = min(2, threads)
     xt = jnp.transpose(x.astype(jnp.float32), (0, 2, 3, 1))
     wt = jnp.transpose(w.astype(jnp.float32), (2, 3, 1, 0))
     if constant_w:

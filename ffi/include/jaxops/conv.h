@@ -9,7 +9,7 @@
 // on AVX2, 12 x 32 on AVX-512, picked at run time). Where the pads cost much (a dilated 3x3
 // on a small map reads pads at most of its taps, a 7x7 stem at a tenth), the outputs go in
 // bands of those whose taps inside x are the same, and a tile computes only its bands' taps.
-// A large one may be shared with a helper thread (helper.h), chunk by chunk of its outputs.
+// A large one may be shared with helper threads (helper.h), chunk by chunk of its outputs.
 #pragma once
 
 #include <algorithm>
@@ -587,16 +587,17 @@ struct Scratch {
   }
 };
 
-// The smallest convolution (FLOPs) shared with the helper thread, and the pixels a claim of
-// it. Header bench, one AVX-512 core against two, 2026-12-03: DeepLabV3's 7x7 stem (9.6 MFLOP)
-// 55.4 -> 33.5 us, its 3x3 of 64 -> 16 channels on 8x8 (2.4 MFLOP) 16.7 -> 11.3 us; smaller
-// ones gain less than the hand-over and the other core's copy of x cost.
+// The FLOPs a convolution needs for each thread it runs on (the smallest shared with a helper
+// has kShareFlops: a thread more for each kShareFlops more), and the pixels a claim of a
+// shared one. Header bench, one AVX-512 core against two, 2026-12-03: DeepLabV3's 7x7 stem
+// (9.6 MFLOP) 55.4 -> 33.5 us, its 3x3 of 64 -> 16 channels on 8x8 (2.4 MFLOP) 16.7 -> 11.3
+// us; smaller ones gain less than the hand-over and the other core's copy of x cost.
 constexpr int64_t kShareFlops = 1 << 21, kShareChunk = 24;
 
-// y = conv(x, w) over the whole batch, on the calling thread (and, `threads` > 1, a helper
-// thread: helper.h), with the tile code of `isa`; w [KH, KW, C / G, O], or (`packed`) already
-// pack_weights' panels. Every output is computed by the same tile whatever the threads.
-// The outputs go in bands whose taps inside x are the same, on the axes where that saves work
+// y = conv(x, w) over the whole batch, on the calling thread (and, `threads` > 1, up to
+// threads - 1 helper threads, one for each kShareFlops: helper.h), with the tile code of
+// `isa`; w [KH, KW, C / G, O], or (`packed`) already pack_weights' panels. Every output is
+// computed by the same tile whatever the threads. The outputs go in bands whose taps inside x are the same, on the axes where that saves work
 // over computing the taps that read the zero pads (cost), and a tile computes the taps of its
 // bands: DeepLabV3's dilated 3x3s at 4x4 read x at 4 of their 9 taps, its 7x7 stem at 9 of 10.
 inline void convolve(const Geometry& geometry, const float* x, const float* w, float* y,
@@ -670,8 +671,9 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
   const size_t band_count = bands.size();
   const float* const weights = packed ? w : pack_aligned(g, w, panels);
   // the chunks: claimed one by one where they are shared, large otherwise
-  const bool shared = threads > 1 && 2 * double(g.n) * double(g.oh) * double(g.ow) *
-                                         double(g.o) * double(k) >= double(kShareFlops);
+  const double flops = 2 * double(g.n) * double(g.oh) * double(g.ow) * double(g.o) * double(k);
+  const int64_t workers = int64_t(std::min(double(threads), 1 + flops / double(kShareFlops)));
+  const bool shared = workers > 1;
   const int64_t size = shared ? kShareChunk : kChunk;
   starts.clear();
   for (Start s{0, 0}; s.bi < band_count;) {
@@ -739,7 +741,7 @@ inline void convolve(const Geometry& geometry, const float* x, const float* w, f
       }
     }
   };
-  helper::share(int64_t(starts.size()), run_chunk, shared ? threads : 1, Scratch::trim);
+  helper::share(int64_t(starts.size()), run_chunk, workers, Scratch::trim);
 }
 
 }  // namespace jaxops::conv

@@ -112,6 +112,35 @@ def test_an_eval_call_first_counts_three_times_its_cost(monkeypatch):
         assert _devices(state) == {there}, eval_first
 
 
+@pytest.mark.parametrize("eval_cost, moves", [(100.0, True), (1000.0, False)])
+def test_a_pool_modules_small_eval_step_runs_on_one_thread(monkeypatch, eval_cost, moves):
+    """A Module whose train step stays on XLA's pool runs an eval step of at most SMALL_FLOPS
+    on cpu_device(1), with a copy of the parameters made again after each train step: the
+    values of a Module that stays, the state where it was."""
+    if not _moves():
+        pytest.skip("the default client runs one thread (or no CPU default)")
+    data = np.load(MLP / "data.npz")
+    x, y = data["inputs"][0], data["labels"][0]
+    monkeypatch.setattr(training, "SMALL_FLOPS", 500)
+    costs = iter([1000.0, eval_cost])  # the train step's count first, then the eval step's
+    monkeypatch.setattr(training, "cost", lambda stage: (next(costs), 0.0))
+    home = jax.devices()[0]
+    state, module = _module(eval_model_uri=MLP / "eval_model.onnx")
+    _, staying = _module(device=home, eval_model_uri=MLP / "eval_model.onnx")
+    pairs = [(m, Optimizer(MLP / "optimizer_model.onnx", m)) for m in (module, staying)]
+    for step in range(3):
+        for m, opt in pairs:
+            m.train()
+            m(x, y)
+            opt.step()
+            m.lazy_reset_grad()
+        got, want = (m.eval()(x, y) for m, _ in pairs)
+        assert got.devices() == {jaxops.cpu_device(1) if moves else home}, step
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+        np.testing.assert_array_equal(np.asarray(module(x, y)), np.asarray(got))
+    assert _devices(state) == {home}
+
+
 def test_ort_device_name():
     try:
         cpus = jax.devices("cpu")

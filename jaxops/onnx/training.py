@@ -266,6 +266,27 @@ def _device(device):
                          f"{jax.devices()}); device=None uses jax's default") from None
 
 
+class _EvalAt:
+    """A Module's eval step placed on `device` (Module._eval_moves), with a copy of the
+    parameters' buffers there, made again where they are new (after a train step: a packed
+    state keeps its buffers until then; ResNet's 341 KB, 18 us). It keeps the packed state
+    it copied (to know it again): at most one old state more until the next eval call."""
+
+    def __init__(self, module, device):
+        self._device, self._kernel_threads = device, xla_threads()
+        on = jax.sharding.SingleDeviceSharding(device)
+        self._place = {"in_shardings": on, "out_shardings": on}
+        self._taken = _taken_matrices(module.core, module.state.train_state, device)
+        self._steps = _Steps(lambda kind, static, args: module._make_step(kind, static, args, self))
+        self._source = self._copy = None
+
+    def __call__(self, packed, inputs):
+        if self._source is not packed:
+            self._copy = jax.device_put((packed.trained, packed.rest), self._device)
+            self._source = packed
+        return self._steps.call("eval", packed, *self._copy, inputs)[0]
+
+
 class _Steps:
     """Jitted steps by kind and packed layouts, each made once by `make(kind, static)`. The
     layouts of the state last seen are recognized by identity (the packed state keeps its
@@ -364,6 +385,8 @@ class Module:
         self._may_move = ((device is None or str(device).lower() == "cpu") and placed is device
                           and may_move(ts))
         self._kernel_threads = 1  # jaxops' CPU kernels' threads in the steps (_move_if_small)
+        # the eval step's own placement: None until decided (_eval_moves), False for none
+        self._eval_at = None if self._may_move else False
         self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn,
                                   precision=precision)
         self._reset = False  # gradients are zero already: accumulating into them is the same
@@ -404,19 +427,37 @@ class Module:
         self._may_move = False
         flops = cost(self._steps.get(kind, packed, args).lower(*args))[0]
         if not 0 <= flops * (1 if kind == "train" else 3) <= SMALL_FLOPS:
-            return False
+            return False  # (_eval_moves decides for the eval step at its first call)
         self._use_device(cpu_device(1))
+        self._eval_at = False
         # XLA runs the steps on one thread now: jaxops' CPU kernels may use the process's others
         self._kernel_threads = xla_threads()
         return True
 
-    def _jit(self, step, args, **kwargs):
-        """jax.jit of a step with this Module's placement and jit_options (which read the
-        step's jaxpr on `args` on a one-thread CPU), traced under its kernel_threads."""
-        step = traced_with_kernel_threads(step, self._kernel_threads)
-        return jax.jit(step, **kwargs, **self._place, **jit_options_for(self._device, step, args))
+    def _eval_moves(self, packed, args) -> bool:
+        """At the first eval call of a Module that stayed on XLA's pool where it may move (its
+        first step was not small): an eval step of at most SMALL_FLOPS by XLA's count (which
+        leaves out jaxops' CPU convolution kernel) runs on `cpu_device(1)` from then on, its
+        kernels on the process's cores, with a copy of the parameters made there after each
+        train step (_EvalAt). ResNet's (a 555 MFLOP train step; an eval of 195 MFLOP, 5.1 of
+        them by XLA's count) ran its eval loops 0.70-0.80x the time on 2 vCPUs
+        (scratch A/B, 2026-12-04; docs/performance.md)."""
+        fn = self._steps.get("eval", packed, args)
+        self._eval_at = False
+        if not 0 <= cost(fn.lower(*args))[0] <= SMALL_FLOPS:
+            return False
+        self._eval_at = _EvalAt(self, cpu_device(1))
+        return True
 
-    def _make_step(self, kind, static, args):
+    def _jit(self, step, args, at=None, **kwargs):
+        """jax.jit of a step with this Module's placement (or `at`'s: an _EvalAt) and
+        jit_options (which read the step's jaxpr on `args` on a one-thread CPU), traced under
+        its kernel_threads."""
+        at = at or self
+        step = traced_with_kernel_threads(step, at._kernel_threads)
+        return jax.jit(step, **kwargs, **at._place, **jit_options_for(at._device, step, args))
+
+    def _make_step(self, kind, static, args, at=None):
         """The jitted step `kind` for the packed state's layouts `static`, closed over: as a
         static argument jit hashes it every call (2 us, bert_ts). The steps take the buffers
         as dicts, which a jitted call dispatches 10-16 us faster than the PackedState
@@ -424,11 +465,12 @@ class Module:
         core = self.core
         if kind == "train":
             return self._jit(self._train_fn(static), args, donate_argnums=1)
+        taken = (at or self)._taken["eval"]
 
         def eval_step(trained, rest, inputs):
             packed = PackedState.from_buffers(static, trained=trained, rest=rest)
-            return core.eval_step(packed.unpack(self._taken["eval"]), inputs)
-        return self._jit(eval_step, args)
+            return core.eval_step(packed.unpack(taken), inputs)
+        return self._jit(eval_step, args, at)
 
     def _train_fn(self, static):
         """The train step on the buffers of the packed layouts `static`: (outputs, the new
@@ -482,7 +524,11 @@ class Module:
             self.state._set_packed(packed.replace(grads=grads))
             self._reset = False
         else:
-            outs, _ = self._steps.call("eval", packed, packed.trained, packed.rest, inputs)
+            args = (packed.trained, packed.rest, inputs)
+            if self._eval_at is None:
+                self._eval_moves(packed, args)
+            outs = (self._eval_at(packed, inputs) if self._eval_at else
+                    self._steps.call("eval", packed, *args)[0])
         return outs[0] if len(outs) == 1 else outs
 
     def _eval_names(self) -> list[str]:

@@ -126,12 +126,12 @@ _KERNEL_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 def kernel_threads() -> int:
     """The threads jaxops' own CPU kernels may use in the program being traced:
     `kernel_threads_as`'s count, else 1. The inference convolution runs on XLA's calling
-    thread and shares a large one with a helper thread where this is above 1: the small
-    forwards and Modules that move to `cpu_device(1)` by themselves (XLA then runs them on one
-    thread) are traced with the default client's count (xla_threads(): configure_cpu's, else
-    the cores this process may run on), as ORT's session at its defaults runs a convolution on
-    every core. Elsewhere XLA's own pool has the cores (sharing there made ResNet's forward,
-    corpus, 2 vCPUs, 2.20 -> 2.51 ms)."""
+    thread and shares a large one with up to this many - 1 helper threads: the small
+    forwards, Modules and eval steps that move to `cpu_device(1)` by themselves (XLA then runs
+    them on one thread) are traced with the default client's count (xla_threads():
+    configure_cpu's, else the cores this process may run on), as ORT's session at its defaults
+    runs a convolution on every core. Elsewhere XLA's own pool has the cores (sharing there
+    made ResNet's forward, corpus, 2 vCPUs, 2.20 -> 2.51 ms)."""
     threads = _KERNEL_THREADS.get()
     return 1 if threads is None else threads
 

@@ -440,8 +440,8 @@ class Module:
         leaves out jaxops' CPU convolution kernel) runs on `cpu_device(1)` from then on, its
         kernels on the process's cores, with a copy of the parameters made there after each
         train step (_EvalAt). ResNet's (a 555 MFLOP train step; an eval of 195 MFLOP, 5.1 of
-        them by XLA's count) ran its eval loops 0.70-0.80x the time on 2 vCPUs
-        (scratch A/B, 2026-12-04; docs/performance.md)."""
+        them by XLA's count) ran its eval loops 0.76-0.80x the time on 2 vCPUs, 0.82-0.83x on
+        16 cores (in-process A/B, 2026-12-04: docs/performance.md, thirty-first session)."""
         fn = self._steps.get("eval", packed, args)
         self._eval_at = False
         if not 0 <= cost(fn.lower(*args))[0] <= SMALL_FLOPS:

@@ -188,8 +188,9 @@ def conv_nhwc(x, w, strides, dilations, padding, groups=1, scale=None, shift=Non
 
 
 # The convolutions (FLOPs) above which the kernel runs on as many threads as XLA:CPU has
-# (helper threads of the process, one a 2 MFLOP: conv.h), wherever it runs: below it, on one
-# where the program runs on XLA's own pool (kernel_threads()). ResNet's eval (a 3-channel 7x7
+# (the calling thread and the process's helper threads, a thread for each 2 MFLOP: conv.h),
+# wherever it runs; below it, on one where the program runs on XLA's own pool
+# (kernel_threads()). ResNet's eval (a 3-channel 7x7
 # stem of 154 MFLOP and a 38 MFLOP 3x3 on 128x128 images) 1.83-1.95 -> 1.60-1.66 ms at 2
 # threads, 2.28 -> 1.94 ms on one core (-ts and -dynamo, in-process A/B, 2026-12-04), where
 # XLA's own convolution took them.

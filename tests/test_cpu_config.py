@@ -87,12 +87,12 @@ def test_session_options_give_the_module_a_client_of_its_own():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         one = _module(SimpleNamespace(intra_op_num_threads=1))
-    assert one._device is jaxops.cpu_device(1)
-    assert one._device.client is not jax.devices("cpu")[0].client
-    assert _module(SimpleNamespace(intra_op_num_threads=1))._device is one._device
+    assert one._at.device is jaxops.cpu_device(1)
+    assert one._at.device.client is not jax.devices("cpu")[0].client
+    assert _module(SimpleNamespace(intra_op_num_threads=1))._at.device is one._at.device
     three = _module(SimpleNamespace(intra_op_num_threads=3))
-    assert three._device.client not in (one._device.client, jax.devices("cpu")[0].client)
-    assert xla_threads(one._device) == 1 and xla_threads(three._device) == 3
+    assert three._at.device.client not in (one._at.device.client, jax.devices("cpu")[0].client)
+    assert xla_threads(one._at.device) == 1 and xla_threads(three._at.device) == 3
     default = _module(None, device=jax.devices("cpu")[0])  # stays on jax's CPU client
     data = np.load(_ARTIFACTS / "data.npz")
     for m in (one, three, default):
@@ -101,19 +101,19 @@ def test_session_options_give_the_module_a_client_of_its_own():
     want = np.asarray(default(x, y))
     for m in (one, three):
         got = m(x, y)
-        assert got.devices() == {m._device}
+        assert got.devices() == {m._at.device}
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
     one.train()
     assert np.isfinite(float(one(x, y)))
     params = one.state.train_state.params
-    assert all(x.devices() == {one._device} for x in params.values())
+    assert all(x.devices() == {one._at.device} for x in params.values())
     # jaxops' CPU kernels run one thread where XLA's client has the cores (the session's);
     # a Module that moved to cpu_device(1) by itself traces its steps with the process's count
     from jaxops.cpu import kernel_threads, traced_with_kernel_threads
-    assert one._kernel_threads == three._kernel_threads == default._kernel_threads == 1
+    assert one._at.kernel_threads == three._at.kernel_threads == default._at.kernel_threads == 1
     moving = _module(None)
     moving(x, y)
-    assert moving._device is jaxops.cpu_device(1) and moving._kernel_threads == xla_threads()
+    assert moving._at.device is jaxops.cpu_device(1) and moving._at.kernel_threads == xla_threads()
     seen = []
     jax.jit(traced_with_kernel_threads(lambda v: seen.append(kernel_threads()) or v, 3))(1.0)
     assert seen == [3] and kernel_threads() == 1
@@ -163,7 +163,7 @@ def test_session_options_configured_first_are_quiet():
         m = Module({str(_ARTIFACTS / "training_model.onnx")!r}, state, None, "cpu",
                    SimpleNamespace(intra_op_num_threads=1))
         import jax
-        assert m._device is jax.devices("cpu")[0]  # the process's client already runs one
+        assert m._at.device is jax.devices("cpu")[0]  # the process's client already runs one
         print("ok")
     """)
     assert fresh_process(script).strip().endswith("ok")
@@ -188,7 +188,7 @@ def test_ort_session_options_themselves():
         warnings.simplefilter("error")
         _module(options)  # ORT's default: 0, every core
     options.intra_op_num_threads = 1
-    assert _module(options)._device is jaxops.cpu_device(1)
+    assert _module(options)._at.device is jaxops.cpu_device(1)
 
 
 _SCHEDULE = textwrap.dedent("""

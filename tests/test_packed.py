@@ -479,7 +479,7 @@ def test_matrices_come_out_in_one_call(monkeypatch):
         evals = [np.asarray(y) for y in (out if isinstance(out, (list, tuple)) else [out])]
         hlo = module._steps.get("eval", p).lower(p.trained, p.rest, eval_inputs).compile()
         calls = [h.count('"jaxops_take_ranges"') for h in (train, hlo.as_text())]
-        runs[threads, concurrent] = (module._taken, losses, evals, calls)
+        runs[threads, concurrent] = (module._at.taken, losses, evals, calls)
     on_cpu = jax.default_backend() == "cpu"
     arrays = {**state.train_state.params, **state.train_state.frozen}
     matrices = {n for n, x in arrays.items() if x.ndim >= 2}

@@ -57,7 +57,7 @@ def test_small_default_placed_module_moves_to_one_thread(device, eval_first):
         m.train(not eval_first)
     got, want = module(x, y), staying(x, y)
     assert _devices(state) == {jaxops.cpu_device(1)} and got.devices() == {jaxops.cpu_device(1)}
-    assert staying._device is jax.devices()[0] and want.devices() == {jax.devices()[0]}
+    assert staying._at.device is jax.devices()[0] and want.devices() == {jax.devices()[0]}
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
     steps = [Optimizer(MLP / "optimizer_model.onnx", m) for m in (module, staying)]
     for m in (module, staying):
@@ -103,13 +103,18 @@ def test_an_eval_call_first_counts_three_times_its_cost(monkeypatch):
         pytest.skip("the default client runs one thread (or no CPU default)")
     data = np.load(MLP / "data.npz")
     x, y = data["inputs"][0], data["labels"][0]
-    monkeypatch.setattr(training, "cost", lambda stage: (100.0, 0.0))
+    counted = []
+    monkeypatch.setattr(training, "cost", lambda stage: counted.append(stage) or (100.0, 0.0))
     monkeypatch.setattr(training, "SMALL_FLOPS", 299)
     for eval_first, there in ((False, jaxops.cpu_device(1)), (True, jax.devices()[0])):
         state, module = _module(eval_model_uri=MLP / "eval_model.onnx")
         module.train(not eval_first)
+        counted.clear()
+        module(x, y)
         module(x, y)
         assert _devices(state) == {there}, eval_first
+        # one count decides the Module's place and, for an eval first, the eval step's too
+        assert len(counted) == 1, eval_first
 
 
 @pytest.mark.parametrize("eval_cost, moves", [(100.0, True), (1000.0, False)])

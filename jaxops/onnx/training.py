@@ -33,6 +33,8 @@ loop of steps, as one jitted function: `train_core.Trainer(module.core, optimize
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from collections.abc import MutableMapping
 
@@ -224,27 +226,55 @@ class CheckpointState:
         return out
 
 
-def _taken_matrices(core, state, device) -> dict[str, frozenset[str]]:
-    """Step kind -> the parameters it takes out of the packed buffers in one kernel call a
-    dtype (PackedState.unpack): on a CPU, the matrices (rank 2 and more) no Gather reads.
-    XLA:CPU copies each slice in a thunk of its own (with the transpose a MatMul of the
-    torch exports applies), all ready at the program's start, and its executor hands some of
-    them to a pool thread: a hand-off, and on one core a context switch (jaxops/ops/ranges.py).
-    A Gather's table stays a slice, which XLA fuses into the Gather (a copy would be the whole
-    table's). An eval step on one thread takes them only where XLA schedules for concurrency
-    (its default; not after configure_cpu): there its copies were ready at once, A/B on 2
-    vCPUs (2026-11-29): llama_ts, gpt2_ts, vit_ts, distilbert_ts evals 0.56-0.69x the time
-    (train steps 0.96-0.99x); with the memory-minimizing scheduler evals took 0.96-1.09x,
-    train steps 0.93-1.00x (one core) and 0.96-0.99x (two)."""
-    platform = device.platform if device is not None else jax.default_backend()
-    if platform != "cpu":
-        return {"train": frozenset(), "eval": frozenset()}
+def _matrices(core, state) -> frozenset[str]:
+    """The parameters a step on a CPU takes out of the packed buffers in one kernel call a
+    dtype (PackedState.unpack): the matrices (rank 2 and more) no Gather reads. XLA:CPU
+    copies each slice in a thunk of its own (with the transpose a MatMul of the torch exports
+    applies), all ready at the program's start, and its executor hands some of them to a pool
+    thread: a hand-off, and on one core a context switch (jaxops/ops/ranges.py). A Gather's
+    table stays a slice, which XLA fuses into the Gather (a copy would be the whole table's)."""
     gathered = {n.input[0] for p in (core.program, core.eval_program) if p is not None
                 for n in p.model.graph.node if n.op_type in _GATHERS and n.input}
     arrays = {**state.params, **state.frozen}
-    taken = frozenset(n for n, x in arrays.items() if jnp.ndim(x) >= 2 and n not in gathered)
-    eval_taken = concurrent_scheduler() or xla_threads(device) > 1
-    return {"train": taken, "eval": taken if eval_taken else frozenset()}
+    return frozenset(n for n, x in arrays.items() if jnp.ndim(x) >= 2 and n not in gathered)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Placement:
+    """Where a Module's steps run and how they are traced: `device` (None: jax's default),
+    the matrices each step kind takes out of the packed buffers there (`taken`: `_matrices`
+    on a CPU), and the threads of jaxops' CPU kernels inside the steps."""
+    device: jax.Device | None
+    taken: dict[str, frozenset[str]]
+    kernel_threads: int
+
+    @classmethod
+    def of(cls, device, matrices: frozenset[str], kernel_threads: int = 1) -> _Placement:
+        """The placement on `device` of a Module whose `_matrices` are `matrices`. An eval
+        step on one thread takes them only where XLA schedules for concurrency (its default;
+        not after configure_cpu): there its copies were ready at once, A/B on 2 vCPUs
+        (2026-11-29): llama_ts, gpt2_ts, vit_ts, distilbert_ts evals 0.56-0.69x the time
+        (train steps 0.96-0.99x); with the memory-minimizing scheduler evals took
+        0.96-1.09x, train steps 0.93-1.00x (one core) and 0.96-0.99x (two)."""
+        platform = device.platform if device is not None else jax.default_backend()
+        if platform != "cpu":
+            matrices = frozenset()
+        eval_taken = concurrent_scheduler() or xla_threads(device) > 1
+        return cls(device, {"train": matrices, "eval": matrices if eval_taken else frozenset()},
+                   kernel_threads)
+
+    def jit(self, step, args, **kwargs):
+        """jax.jit of a step placed here, with the jit_options its jaxpr on `args` asks for on
+        a one-thread CPU, traced under kernel_threads. With a device the step places its
+        arguments there itself: numpy inputs go straight to it, arrays elsewhere move (a
+        jax.device_put of the inputs first cost 90-170 us a step on a CPU, gpt2_ts, one core,
+        more than the eval step's program)."""
+        place = {}
+        if self.device is not None:
+            on = jax.sharding.SingleDeviceSharding(self.device)
+            place = {"in_shardings": on, "out_shardings": on}
+        step = traced_with_kernel_threads(step, self.kernel_threads)
+        return jax.jit(step, **kwargs, **place, **jit_options_for(self.device, step, args))
 
 
 _GATHERS = frozenset({"Gather", "GatherElements", "GatherND"})
@@ -267,17 +297,15 @@ def _device(device):
 
 
 class _EvalAt:
-    """A Module's eval step placed on `device` (Module._eval_moves), with a copy of the
+    """A Module's eval step placed on `device` (Module._place_eval), with a copy of the
     parameters' buffers there, made again where they are new (after a train step: a packed
     state keeps its buffers until then; ResNet's 341 KB, 18 us). It keeps the packed state
     it copied (to know it again): at most one old state more until the next eval call."""
 
     def __init__(self, module, device):
-        self._device, self._kernel_threads = device, xla_threads()
-        on = jax.sharding.SingleDeviceSharding(device)
-        self._place = {"in_shardings": on, "out_shardings": on}
-        self._taken = _taken_matrices(module.core, module.state.train_state, device)
-        self._steps = _Steps(lambda kind, static, args: module._make_step(kind, static, args, self))
+        self._device = device
+        at = _Placement.of(device, module._matrices, xla_threads())
+        self._steps = _Steps(functools.partial(module._make_step, at=at))
         self._source = self._copy = None
 
     def __call__(self, packed, inputs):
@@ -384,11 +412,12 @@ class Module:
         ts = state.train_state
         self._may_move = ((device is None or str(device).lower() == "cpu") and placed is device
                           and may_move(ts))
-        self._kernel_threads = 1  # jaxops' CPU kernels' threads in the steps (_move_if_small)
-        # the eval step's own placement: None until decided (_eval_moves), False for none
-        self._eval_at = None if self._may_move else False
+        # the eval step's own placement (an _EvalAt, or None: the Module's), decided at the
+        # first eval call of a Module that may move (_place_eval)
+        self._eval_undecided, self._eval_at = self._may_move, None
         self.core = TrainingModel(train_model_uri, ts, eval_model_uri, loss_fn=loss_fn,
                                   precision=precision)
+        self._matrices = _matrices(self.core, ts)
         self._reset = False  # gradients are zero already: accumulating into them is the same
         self._queued_small = True  # no train step queued, or only small ones (_Steps.call)
         self._training = True
@@ -396,23 +425,16 @@ class Module:
         self._use_device(_device(placed))
         state.train_state = self.core.init(state.train_state)
 
-    def _use_device(self, device) -> None:
-        """Places the state and the steps on `device` (None: jax's default device)."""
-        self._device = device
+    def _use_device(self, device, kernel_threads: int = 1) -> None:
+        """Places the state and the steps on `device` (None: jax's default device), with
+        jaxops' CPU kernels on `kernel_threads` threads in them."""
         if device is not None:
             ts = self.state.train_state
             moved = jax.device_put(ts, device)  # (a host step count stays on the host)
             self.state.train_state = moved.replace(
                 step=moved.step if isinstance(ts.step, jax.Array) else ts.step)
-        # With a device, the steps place their arguments there themselves: numpy inputs go
-        # straight to it, arrays elsewhere move. A jax.device_put of the inputs first cost
-        # 90-170 us a step on a CPU (gpt2_ts, one core), more than the eval step's program.
-        self._place = {}  # (and jit_options, which a step's jaxpr decides: _make_step)
-        if device is not None:
-            on = jax.sharding.SingleDeviceSharding(device)
-            self._place.update(in_shardings=on, out_shardings=on)
-        self._taken = _taken_matrices(self.core, self.state.train_state, device)
-        self._steps = _Steps(self._make_step)
+        self._at = _Placement.of(device, self._matrices, kernel_threads)
+        self._steps = _Steps(functools.partial(self._make_step, at=self._at))
         # lazy_reset_grad's flag as device arrays: a numpy bool would be a device_put a step
         put = (lambda x: jax.device_put(x, device)) if device else jnp.asarray
         self._flags = (put(np.bool_(False)), put(np.bool_(True)))
@@ -426,56 +448,47 @@ class Module:
         Module's place serves its train steps too (the corpus's: 2.7-6.0 times its evals)."""
         self._may_move = False
         flops = cost(self._steps.get(kind, packed, args).lower(*args))[0]
-        if not 0 <= flops * (1 if kind == "train" else 3) <= SMALL_FLOPS:
-            return False  # (_eval_moves decides for the eval step at its first call)
-        self._use_device(cpu_device(1))
-        self._eval_at = False
-        # XLA runs the steps on one thread now: jaxops' CPU kernels may use the process's others
-        self._kernel_threads = xla_threads()
-        return True
+        if 0 <= flops * (1 if kind == "train" else 3) <= SMALL_FLOPS:
+            # XLA runs the steps on one thread: jaxops' CPU kernels may use the process's others
+            self._use_device(cpu_device(1), xla_threads())
+            self._eval_undecided = False
+            return True
+        if kind == "eval":
+            self._place_eval(flops)
+        return False
 
-    def _eval_moves(self, packed, args) -> bool:
+    def _place_eval(self, flops) -> None:
         """At the first eval call of a Module that stayed on XLA's pool where it may move (its
-        first step was not small): an eval step of at most SMALL_FLOPS by XLA's count (which
-        leaves out jaxops' CPU convolution kernel) runs on `cpu_device(1)` from then on, its
-        kernels on the process's cores, with a copy of the parameters made there after each
-        train step (_EvalAt). ResNet's (a 555 MFLOP train step; an eval of 195 MFLOP, 5.1 of
-        them by XLA's count) ran its eval loops 0.76-0.80x the time on 2 vCPUs, 0.82-0.83x on
-        16 cores (in-process A/B, 2026-12-04: docs/performance.md, thirty-first session)."""
-        fn = self._steps.get("eval", packed, args)
-        self._eval_at = False
-        if not 0 <= cost(fn.lower(*args))[0] <= SMALL_FLOPS:
-            return False
-        self._eval_at = _EvalAt(self, cpu_device(1))
-        return True
+        first step was not small), given the eval step's FLOPs by XLA's count (which leaves
+        out jaxops' CPU convolution kernel): an eval step of at most SMALL_FLOPS runs on
+        `cpu_device(1)` from then on, its kernels on the process's cores, with a copy of the
+        parameters made there after each train step (_EvalAt). ResNet's (a 555 MFLOP train
+        step; an eval of 195 MFLOP, 5.1 of them by XLA's count) ran its eval loops 0.76-0.80x
+        the time on 2 vCPUs, 0.82-0.83x on 16 cores (in-process A/B, 2026-12-04:
+        docs/performance.md, thirty-first session)."""
+        self._eval_undecided = False
+        if 0 <= flops <= SMALL_FLOPS:
+            self._eval_at = _EvalAt(self, cpu_device(1))
 
-    def _jit(self, step, args, at=None, **kwargs):
-        """jax.jit of a step with this Module's placement (or `at`'s: an _EvalAt) and
-        jit_options (which read the step's jaxpr on `args` on a one-thread CPU), traced under
-        its kernel_threads."""
-        at = at or self
-        step = traced_with_kernel_threads(step, at._kernel_threads)
-        return jax.jit(step, **kwargs, **at._place, **jit_options_for(at._device, step, args))
-
-    def _make_step(self, kind, static, args, at=None):
+    def _make_step(self, kind, static, args, at: _Placement):
         """The jitted step `kind` for the packed state's layouts `static`, closed over: as a
-        static argument jit hashes it every call (2 us, bert_ts). The steps take the buffers
-        as dicts, which a jitted call dispatches 10-16 us faster than the PackedState
-        (PackedState.static). The eval step takes only the parameters' buffers."""
+        static argument jit hashes it every call (2 us, bert_ts), placed by `at`. The steps
+        take the buffers as dicts, which a jitted call dispatches 10-16 us faster than the
+        PackedState (PackedState.static). The eval step takes only the parameters' buffers."""
         core = self.core
         if kind == "train":
-            return self._jit(self._train_fn(static), args, donate_argnums=1)
-        taken = (at or self)._taken["eval"]
+            return at.jit(self._train_fn(static), args, donate_argnums=1)
+        taken = at.taken["eval"]
 
         def eval_step(trained, rest, inputs):
             packed = PackedState.from_buffers(static, trained=trained, rest=rest)
             return core.eval_step(packed.unpack(taken), inputs)
-        return self._jit(eval_step, args, at)
+        return at.jit(eval_step, args)
 
     def _train_fn(self, static):
         """The train step on the buffers of the packed layouts `static`: (outputs, the new
-        gradient buffers)."""
-        core, taken = self.core, self._taken["train"]
+        gradient buffers), placed as the Module."""
+        core, taken = self.core, self._at.taken["train"]
 
         def train_step(trained, grads, rest, inputs, reset):
             packed = PackedState.from_buffers(static, trained=trained, grads=grads, rest=rest)
@@ -525,9 +538,9 @@ class Module:
             self._reset = False
         else:
             args = (packed.trained, packed.rest, inputs)
-            if self._eval_at is None:
-                self._eval_moves(packed, args)
-            outs = (self._eval_at(packed, inputs) if self._eval_at else
+            if self._eval_undecided:
+                self._place_eval(cost(self._steps.get("eval", packed, args).lower(*args))[0])
+            outs = (self._eval_at(packed, inputs) if self._eval_at is not None else
                     self._steps.call("eval", packed, *args)[0])
         return outs[0] if len(outs) == 1 else outs
 
@@ -625,14 +638,14 @@ class Optimizer:
                     lr)
         donated = (0, 1, 2, 3, 4)
         if kind == "update":
-            return jax.jit(update, donate_argnums=donated, **jit_options(self.module._device))
+            return jax.jit(update, donate_argnums=donated, **jit_options(self.module._at.device))
         train = self.module._train_fn(static)
 
         def update_train(trained, grads, moments, other_moments, rest, step, lr, inputs, reset):
             new = update(trained, grads, moments, other_moments, rest, step, lr)
             outs, grads = train(new[0], new[1], new[4], inputs, reset)
             return outs, (new[0], grads, *new[2:])
-        return self.module._jit(update_train, args, donate_argnums=donated)
+        return self.module._at.jit(update_train, args, donate_argnums=donated)
 
     def step(self) -> None:
         """One update of every trainable parameter from its accumulated gradient.

@@ -44,8 +44,8 @@ def test_default_is_jax_default_device():
 @pytest.mark.parametrize("eval_first", [False, True])
 def test_small_default_placed_module_moves_to_one_thread(device, eval_first):
     """A small model's Module on jax's default CPU client (XLA's threads) moves to
-    cpu_device(1) at its first call, train or eval; values as where it was, its optimizer's
-    steps too."""
+    cpu_device(1) at its first train call (an eval call first moves its eval step alone);
+    values as where it was, its optimizer's steps too."""
     if not _moves():
         pytest.skip("the default client runs one thread (or no CPU default)")
     data = np.load(MLP / "data.npz")
@@ -56,7 +56,8 @@ def test_small_default_placed_module_moves_to_one_thread(device, eval_first):
     for m in (module, staying):
         m.train(not eval_first)
     got, want = module(x, y), staying(x, y)
-    assert _devices(state) == {jaxops.cpu_device(1)} and got.devices() == {jaxops.cpu_device(1)}
+    assert _devices(state) == {jax.devices()[0] if eval_first else jaxops.cpu_device(1)}
+    assert got.devices() == {jaxops.cpu_device(1)}
     assert staying._at.device is jax.devices()[0] and want.devices() == {jax.devices()[0]}
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
     steps = [Optimizer(MLP / "optimizer_model.onnx", m) for m in (module, staying)]
@@ -97,24 +98,34 @@ def test_what_keeps_a_module_where_it_is(monkeypatch):
     assert _devices(state) == {home}
 
 
-def test_an_eval_call_first_counts_three_times_its_cost(monkeypatch):
-    """The Module's place serves its train steps (a forward and a backward) too."""
+@pytest.mark.parametrize("train_cost, moves", [(100.0, True), (1000.0, False)])
+def test_each_step_kind_is_placed_by_its_own_count(monkeypatch, train_cost, moves):
+    """An eval call first places the eval step alone, by its own count, once; the Module's
+    place (its state, its train and eval steps) waits for the first train call's count."""
     if not _moves():
         pytest.skip("the default client runs one thread (or no CPU default)")
     data = np.load(MLP / "data.npz")
     x, y = data["inputs"][0], data["labels"][0]
-    counted = []
-    monkeypatch.setattr(training, "cost", lambda stage: counted.append(stage) or (100.0, 0.0))
-    monkeypatch.setattr(training, "SMALL_FLOPS", 299)
-    for eval_first, there in ((False, jaxops.cpu_device(1)), (True, jax.devices()[0])):
-        state, module = _module(eval_model_uri=MLP / "eval_model.onnx")
-        module.train(not eval_first)
-        counted.clear()
-        module(x, y)
-        module(x, y)
-        assert _devices(state) == {there}, eval_first
-        # one count decides the Module's place and, for an eval first, the eval step's too
-        assert len(counted) == 1, eval_first
+    monkeypatch.setattr(training, "SMALL_FLOPS", 500)
+    costs, counted = iter([100.0, train_cost]), []  # the eval step's count, then the train's
+    monkeypatch.setattr(training, "cost", lambda stage: counted.append(stage) or
+                        (next(costs), 0.0))
+    home, one = jax.devices()[0], jaxops.cpu_device(1)
+    state, module = _module(eval_model_uri=MLP / "eval_model.onnx")
+    _, staying = _module(device=home, eval_model_uri=MLP / "eval_model.onnx")
+    for _ in range(2):
+        got, want = module.eval()(x, y), staying.eval()(x, y)
+        assert got.devices() == {one} and _devices(state) == {home}
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    assert len(counted) == 1
+    for m in (module, staying):
+        m.train()(x, y)
+    assert len(counted) == 2 and _devices(state) == {one if moves else home}
+    got, want = module.eval()(x, y), staying.eval()(x, y)
+    assert got.devices() == {one}
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    assert (module._eval_at is None) == moves  # a moved Module's eval step is its own
+    assert len(counted) == 2
 
 
 @pytest.mark.parametrize("eval_cost, moves", [(100.0, True), (1000.0, False)])

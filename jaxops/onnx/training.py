@@ -439,33 +439,32 @@ class Module:
         put = (lambda x: jax.device_put(x, device)) if device else jnp.asarray
         self._flags = (put(np.bool_(False)), put(np.bool_(True)))
 
-    def _move_if_small(self, kind, packed, args) -> bool:
-        """At the first call of a Module that may move (__init__): a step of at most
-        SMALL_FLOPS by XLA's cost analysis moves the Module to `cpu_device(1)`, as ORT's
-        `intra_op_num_threads=1` would run it. XLA:CPU's thread pool costs such steps more in
-        hand-offs between threads than it gains (docs/training.md, "Small models on a CPU").
-        Returns whether it moved. An eval call first counts three times its cost: the
-        Module's place serves its train steps too (the corpus's: 2.7-6.0 times its evals)."""
+    def _move_if_small(self, packed, args) -> bool:
+        """At the first train call of a Module that may move (__init__): a train step of at
+        most SMALL_FLOPS by XLA's cost analysis moves the Module to `cpu_device(1)`, as ORT's
+        `intra_op_num_threads=1` would run it, its eval step with it. XLA:CPU's thread pool
+        costs such steps more in hand-offs between threads than it gains (docs/training.md,
+        "Small models on a CPU"). Returns whether it moved."""
         self._may_move = False
-        flops = cost(self._steps.get(kind, packed, args).lower(*args))[0]
-        if 0 <= flops * (1 if kind == "train" else 3) <= SMALL_FLOPS:
-            # XLA runs the steps on one thread: jaxops' CPU kernels may use the process's others
-            self._use_device(cpu_device(1), xla_threads())
-            self._eval_undecided = False
-            return True
-        if kind == "eval":
-            self._place_eval(flops)
-        return False
+        flops = cost(self._steps.get("train", packed, args).lower(*args))[0]
+        if not 0 <= flops <= SMALL_FLOPS:
+            return False
+        # XLA runs the steps on one thread: jaxops' CPU kernels may use the process's others
+        self._use_device(cpu_device(1), xla_threads())
+        self._eval_undecided, self._eval_at = False, None  # (a moved eval: now the Module's)
+        return True
 
     def _place_eval(self, flops) -> None:
-        """At the first eval call of a Module that stayed on XLA's pool where it may move (its
-        first step was not small), given the eval step's FLOPs by XLA's count (which leaves
-        out jaxops' CPU convolution kernel): an eval step of at most SMALL_FLOPS runs on
-        `cpu_device(1)` from then on, its kernels on the process's cores, with a copy of the
-        parameters made there after each train step (_EvalAt). ResNet's (a 555 MFLOP train
-        step; an eval of 195 MFLOP, 5.1 of them by XLA's count) ran its eval loops 0.76-0.80x
-        the time on 2 vCPUs, 0.82-0.83x on 16 cores (in-process A/B, 2026-12-04:
-        docs/performance.md, thirty-first session)."""
+        """At the first eval call of a Module on XLA's pool that may move, or that stayed
+        there where it might (its first train step was not small), given the eval step's FLOPs
+        by XLA's count (which leaves out jaxops' CPU convolution kernel): an eval step of at
+        most SMALL_FLOPS runs on `cpu_device(1)` from then on (until a small train step moves
+        the whole Module there), its kernels on the process's cores, with a copy of the
+        parameters made there after each train step (_EvalAt). Each step kind is placed by
+        its own cost: a ResNet Module that evaluates first still trains on the pool. ResNet's
+        eval (a 555 MFLOP train step; an eval of 195 MFLOP, 5.1 of them by XLA's count) ran
+        its loops 0.76-0.80x the time on 2 vCPUs, 0.82-0.83x on 16 cores (in-process A/B,
+        2026-12-04: docs/performance.md, thirty-first session)."""
         self._eval_undecided = False
         if 0 <= flops <= SMALL_FLOPS:
             self._eval_at = _EvalAt(self, cpu_device(1))
@@ -520,10 +519,9 @@ class Module:
             self._reset = False
             return outs[0] if len(outs) == 1 else outs
         packed = self.state._packed_state(self._trained)
-        if self._may_move and self._move_if_small(
-                "train" if training else "eval", packed,
-                (packed.trained, packed.grads, packed.rest, inputs, self._flags[self._reset])
-                if training else (packed.trained, packed.rest, inputs)):
+        if training and self._may_move and self._move_if_small(
+                packed, (packed.trained, packed.grads, packed.rest, inputs,
+                         self._flags[self._reset])):
             packed = self.state._packed_state(self._trained)
         # the steps read neither the moments nor the step count, and eval no gradients: left
         # out, they cost no dispatch (and the count stays on the host)

@@ -143,9 +143,10 @@ def _ort_api(w, g, m1, m2, calls, lr):
 
     cs = state()
     # what Optimizer reads of a Module (_queued_small: no train step queued before it;
-    # _device: where it runs, None for jax's default device)
+    # _at.device: where it runs, None for jax's default device)
     module = types.SimpleNamespace(core=types.SimpleNamespace(trained=names), state=cs,
-                                   _trained=tuple(names), _queued_small=True, _device=None)
+                                   _trained=tuple(names), _queued_small=True,
+                                   _at=types.SimpleNamespace(device=None))
     opt = Optimizer(model, module)
     out = {}
 
